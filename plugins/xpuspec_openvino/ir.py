@@ -1,0 +1,155 @@
+"""Building OpenVINO IR folders: optimum-intel's exporter for fp32, NNCF for low-bit, all cached.
+
+Cache layout under ``<cache>/ov/<source fingerprint>/``: ``fp32/`` is the exported
+stateful IR with its tokenizer; every other entry is one low-bit variant keyed by
+its settings. Each folder is a complete IR folder (model, tokenizers, configs).
+"""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from xpuspec.cache import cache_root, cached_folder, digest, folder_fingerprint
+from xpuspec.errors import LowBitConfigError
+from xpuspec.lowbit import LowBitConfig, decoder_in_channels
+from xpuspec.sources import METADATA_FILE, ModelSource
+
+log = logging.getLogger("xpuspec")
+
+MODEL_XML = "openvino_model.xml"
+MODEL_BIN = "openvino_model.bin"
+TOKENIZER_FILES = ("openvino_tokenizer.xml", "openvino_tokenizer.bin",
+                   "openvino_detokenizer.xml", "openvino_detokenizer.bin")
+#: Short calibration text for AWQ / scale estimation (no hub datasets are reachable).
+CALIBRATION_TEXT = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "The history of the printing press begins in the fifteenth century, when movable type spread across Europe.",
+    "import os\n\ndef list_files(root):\n    for name in sorted(os.listdir(root)):\n        print(name)\n",
+    "Rivers carry sediment from the mountains to the sea, shaping valleys and deltas over thousands of years.",
+]
+
+
+def _copy_side_files(src: Path, dst: Path) -> None:
+    """Copy everything but the model weights (configs, HF and OpenVINO tokenizers)."""
+    for f in src.iterdir():
+        if f.is_file() and f.name not in (MODEL_XML, MODEL_BIN, METADATA_FILE) and not f.name.endswith(".lock"):
+            shutil.copy2(f, dst / f.name)
+
+
+def _write_metadata(folder: Path, source: ModelSource, low_bit) -> None:
+    meta = {"source": source.name, "low_bit": low_bit.as_dict() if low_bit else {"format": "fp32"}}
+    (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2))
+
+
+def _export_fp32(source: ModelSource, tmp: Path) -> None:
+    from optimum.exporters.openvino import main_export
+    from optimum.intel import OVConfig
+
+    log.info("exporting %s to OpenVINO IR (fp32) with optimum-intel", source.name)
+    main_export(str(source.path), tmp, task="text-generation-with-past",
+                ov_config=OVConfig(dtype="fp32"), convert_tokenizer=True)
+
+
+def base_ir(source: ModelSource) -> Path:
+    """The fp32 stateful IR folder of ``source`` (the source itself when it already is an IR)."""
+    if source.kind == "ir":
+        return source.path
+    folder = cache_root() / "ov" / folder_fingerprint(source.path) / "fp32"
+
+    def build(tmp: Path) -> None:
+        _export_fp32(source, tmp)
+        _write_metadata(tmp, source, None)
+
+    return cached_folder(folder, build)
+
+
+def _calibration_dataset(source: ModelSource):
+    import nncf
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.path)
+    items = []
+    for text in CALIBRATION_TEXT:
+        ids = tokenizer(text, return_tensors="np").input_ids.astype(np.int64)
+        n = ids.shape[1]
+        items.append({"input_ids": ids, "attention_mask": np.ones_like(ids),
+                      "position_ids": np.arange(n, dtype=np.int64)[None], "beam_idx": np.zeros(1, np.int32)})
+    return nncf.Dataset(items)
+
+
+def _compress(source: ModelSource, base: Path, low_bit: LowBitConfig, tmp: Path) -> None:
+    import nncf
+    import openvino as ov
+
+    model = ov.Core().read_model(base / MODEL_XML)
+    if low_bit.format == "fp16":
+        ov.save_model(model, tmp / MODEL_XML, compress_to_fp16=True)
+    else:
+        kwargs = {"mode": nncf.CompressWeightsMode[low_bit.format.upper()]}
+        if low_bit.is_int4:
+            kwargs.update(group_size=low_bit.group_size, ratio=low_bit.ratio)
+            if low_bit.awq or low_bit.scale_estimation:
+                kwargs.update(awq=low_bit.awq, scale_estimation=low_bit.scale_estimation,
+                              dataset=_calibration_dataset(source), subset_size=len(CALIBRATION_TEXT))
+        log.info("compressing weights with NNCF: %s", low_bit.as_dict())
+        ov.save_model(nncf.compress_weights(model, **kwargs), tmp / MODEL_XML, compress_to_fp16=False)
+    _copy_side_files(base, tmp)
+    _write_metadata(tmp, source, low_bit)
+
+
+def source_low_bit(source: ModelSource):
+    """The low-bit format an IR folder was saved with (``"fp32"`` for sources xpuspec did not write)."""
+    return (source.metadata.get("low_bit") or {}).get("format", "fp32")
+
+
+def prepare_ir(source: ModelSource, low_bit, device: str) -> Path:
+    """Return an IR folder for ``source`` compressed as ``low_bit`` (``None``: as it is).
+
+    Raises:
+        LowBitConfigError: the source is an IR already compressed to another format, or an NPU rule is broken.
+    """
+    if low_bit is None:
+        return base_ir(source)
+    already = source_low_bit(source) if source.kind == "ir" else "fp32"
+    if already != "fp32":
+        if already == low_bit.format:
+            return source.path
+        raise LowBitConfigError(
+            f"{source.name} is an IR already compressed to {already}; it cannot be re-compressed to "
+            f"{low_bit.format}. Load it without load_in_low_bit, or start from the original model."
+        )
+    if low_bit.format == "fp32":
+        return base_ir(source)
+    low_bit = low_bit.fitted(decoder_in_channels(source.config), device)
+    base = base_ir(source)
+    folder = cache_root() / "ov" / folder_fingerprint(source.path) / digest(low_bit.as_dict())
+    return cached_folder(folder, lambda tmp: _compress(source, base, low_bit, tmp))
+
+
+def ensure_tokenizer_files(folder: Path) -> None:
+    """Write ``openvino_tokenizer/detokenizer`` into an IR folder that lacks them, from its HF tokenizer.
+
+    Raises:
+        ModelSourceError: the folder has no Hugging Face tokenizer files either.
+    """
+    if all((folder / f).is_file() for f in TOKENIZER_FILES):
+        return
+    from xpuspec.errors import ModelSourceError
+
+    try:
+        from transformers import AutoTokenizer
+
+        hf_tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:
+        raise ModelSourceError(
+            f"{folder} has no tokenizer (neither openvino_tokenizer.xml nor tokenizer.json / tokenizer_config.json). "
+            "Copy the original model's tokenizer files into it."
+        ) from exc
+    import openvino as ov
+    from openvino_tokenizers import convert_tokenizer
+
+    tok, detok = convert_tokenizer(hf_tokenizer, with_detokenizer=True)
+    ov.save_model(tok, folder / "openvino_tokenizer.xml")
+    ov.save_model(detok, folder / "openvino_detokenizer.xml")

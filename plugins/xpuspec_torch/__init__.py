@@ -1,0 +1,59 @@
+"""xpuspec backend on native PyTorch: ``cpu`` and Intel GPUs through ``torch.xpu``.
+
+Registered as the ``torch`` entry point in the ``xpuspec.backends`` group. It runs
+Hugging Face folders in fp32 or fp16; for INT8/INT4 weights use the OpenVINO backend.
+"""
+
+from typing import List
+
+from xpuspec.devices import Backend, DeviceInfo
+from xpuspec.errors import LowBitConfigError, ModelSourceError
+
+
+def _xpu_available() -> bool:
+    import torch
+
+    return hasattr(torch, "xpu") and torch.xpu.is_available()
+
+
+class TorchBackend(Backend):
+    """Runs transformers models eagerly with a ``DynamicCache``."""
+
+    priority = 50
+
+    def devices(self) -> List[DeviceInfo]:
+        import torch
+
+        found = [DeviceInfo("cpu", self.name, {"torch": torch.__version__,
+                                                "threads": str(torch.get_num_threads())})]
+        if _xpu_available():
+            for i in range(torch.xpu.device_count()):
+                found.append(DeviceInfo(f"xpu:{i}", self.name, {"FULL_DEVICE_NAME": torch.xpu.get_device_name(i)}))
+        return found
+
+    def matches(self, info: DeviceInfo, requested: str) -> bool:
+        aliases = {info.name, info.name.replace(":", ".")}
+        if info.name == "xpu:0":
+            aliases.add("xpu")
+        return requested in aliases
+
+    def load(self, source, device: str, low_bit, **_):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from .runner import TorchRunner
+
+        if source.kind != "hf":
+            raise ModelSourceError(
+                f"The torch backend needs a Hugging Face folder, but {source.name!r} is an OpenVINO IR. "
+                "Load it on an OpenVINO device (device='cpu' with backend='openvino'), or pass the original model."
+            )
+        dtypes = {None: torch.float32, "fp32": torch.float32, "fp16": torch.float16}
+        fmt = low_bit.format if low_bit else None
+        if fmt not in dtypes:
+            raise LowBitConfigError(
+                f"The torch backend runs fp32 and fp16 only, not {fmt}. For INT8/INT4 weights use the OpenVINO "
+                "backend (backend='openvino', devices cpu/gpu/npu)."
+            )
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtypes[fmt]).to(device).eval()
+        return TorchRunner(model, device)

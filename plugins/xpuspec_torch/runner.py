@@ -1,0 +1,38 @@
+"""Runner over a transformers model with a ``DynamicCache`` (rollback by ``crop``)."""
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from xpuspec.runner import Runner
+
+
+class TorchRunner(Runner):
+    """A transformers causal LM on ``cpu`` or ``xpu:N`` (batch size 1)."""
+
+    def __init__(self, model, device: str):
+        self.model = model
+        self.device = device
+        self.vocab_size = model.config.vocab_size
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.model.device)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
+        return out.logits[0].float().cpu()
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self.length:
+            raise ValueError(f"rollback({n}) with {self.length} tokens in the KV cache")
+        if n:
+            self.cache.crop(self.length - n)
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)

@@ -1,0 +1,26 @@
+"""xpuspec: Hugging Face causal-LM code, fast on Intel hardware, by changing one import.
+
+    from xpuspec import AutoModelForCausalLM, AutoTokenizer
+"""
+
+from .errors import (
+    BackendUnavailableError,
+    DeviceNotFoundError,
+    LowBitConfigError,
+    ModelSourceError,
+    OutputExistsError,
+    PullError,
+    XpuspecError,
+)
+from .export import export
+from .lowbit import FORMATS, LowBitConfig
+from .modeling import AutoModelForCausalLM, AutoTokenizer, XpuspecModelForCausalLM
+from .sources import BUILTIN_MODELS, pull
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutoModelForCausalLM", "AutoTokenizer", "XpuspecModelForCausalLM", "LowBitConfig", "FORMATS",
+    "BUILTIN_MODELS", "pull", "export", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
+    "ModelSourceError", "LowBitConfigError", "PullError", "OutputExistsError",
+]

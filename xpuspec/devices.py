@@ -1,0 +1,200 @@
+"""Device plugin layer: backend discovery through entry points, and device resolution.
+
+A backend is any object registered in the ``xpuspec.backends`` entry-point group
+that subclasses :class:`Backend`. The core never imports a backend by name.
+"""
+
+import difflib
+import logging
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Dict, List, Optional, Tuple
+
+from .errors import BackendUnavailableError, DeviceNotFoundError
+
+log = logging.getLogger("xpuspec")
+
+ENTRY_POINT_GROUP = "xpuspec.backends"
+DEVICE_ENV = "XPUSPEC_DEVICE"
+#: ``auto`` takes the first of these kinds that some backend offers.
+AUTO_PREFERENCE = ("gpu", "xpu", "cpu")
+
+
+@dataclass
+class DeviceInfo:
+    """One device as a backend sees it.
+
+    Attributes:
+        name: xpuspec's lowercase spelling, e.g. ``"cpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu:0"``.
+        backend: the entry-point name of the backend that serves it.
+        properties: what the backend reports (full name, type, precisions, ...).
+    """
+
+    name: str
+    backend: str
+    properties: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.name.split(".")[0].split(":")[0]
+
+
+class Backend(ABC):
+    """A backend plugin. Subclasses are registered in the ``xpuspec.backends`` entry-point group.
+
+    ``priority`` orders backends that serve the same device (lower wins).
+    """
+
+    name: str = ""
+    priority: int = 100
+    #: True when :meth:`export_ir` is implemented.
+    can_export: bool = False
+
+    def unavailable_reason(self) -> Optional[str]:
+        """``None`` when the backend can run here, else a sentence saying why not."""
+        return None
+
+    @abstractmethod
+    def devices(self) -> List[DeviceInfo]:
+        """Devices this backend can run models on, on this machine."""
+
+    def matches(self, info: DeviceInfo, requested: str) -> bool:
+        """True if the user spelling ``requested`` (lowercase) names ``info``."""
+        return requested == info.name
+
+    @abstractmethod
+    def load(self, source, device: str, low_bit, **options):
+        """Load ``source`` (a :class:`xpuspec.sources.ModelSource`) on ``device`` and return a Runner.
+
+        ``low_bit`` is a :class:`xpuspec.lowbit.LowBitConfig` or ``None`` (keep the source's precision);
+        ``options`` are backend-specific (``ov_config`` for OpenVINO, ``dtype`` for torch) and
+        each backend ignores the others'.
+        """
+
+    def save_low_bit(self, runner, folder) -> None:
+        """Write the runner's (compressed) weights to ``folder`` so :meth:`load` can read them back."""
+        raise NotImplementedError(f"The {self.name} backend cannot save low-bit models.")
+
+    def export_ir(self, source, folder, low_bit, device: str) -> None:
+        """Write an OpenVINO IR folder (model, tokenizer, detokenizer, configs) into ``folder``."""
+        raise NotImplementedError(f"The {self.name} backend cannot export OpenVINO IR.")
+
+
+_BACKENDS: Optional[Dict[str, Backend]] = None
+_UNAVAILABLE: Dict[str, str] = {}
+
+
+def _discover() -> Dict[str, Backend]:
+    global _BACKENDS
+    if _BACKENDS is None:
+        _UNAVAILABLE.clear()
+        found = {}
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                backend = ep.load()()
+                reason = backend.unavailable_reason()
+            except Exception as exc:  # a broken plugin must not break the others
+                reason = f"failed to load: {type(exc).__name__}: {exc}"
+            if reason:
+                _UNAVAILABLE[ep.name] = reason
+                log.debug("backend %s unavailable: %s", ep.name, reason)
+            else:
+                backend.name = ep.name
+                found[ep.name] = backend
+        _BACKENDS = dict(sorted(found.items(), key=lambda kv: kv[1].priority))
+    return _BACKENDS
+
+
+def backends() -> Dict[str, Backend]:
+    """Loaded, usable backends by entry-point name, highest priority first."""
+    return dict(_discover())
+
+
+def unavailable_backends() -> Dict[str, str]:
+    """Installed backends that cannot run here, with the reason for each."""
+    _discover()
+    return dict(_UNAVAILABLE)
+
+
+def get_backend(name: str) -> Backend:
+    """The usable backend registered as ``name``.
+
+    Raises:
+        BackendUnavailableError: it is installed but cannot run here.
+        DeviceNotFoundError: no backend of that name is installed.
+    """
+    found = _discover()
+    if name in found:
+        return found[name]
+    if name in _UNAVAILABLE:
+        raise BackendUnavailableError(f"Backend {name!r} cannot run here: {_UNAVAILABLE[name]}")
+    raise DeviceNotFoundError(
+        f"No backend named {name!r}. Installed and usable: {', '.join(found) or 'none'}."
+    )
+
+
+def all_devices() -> List[DeviceInfo]:
+    """Every (device, backend) pair available on this machine, highest-priority backend first."""
+    return [info for backend in _discover().values() for info in backend.devices()]
+
+
+def requested_device(device: Optional[str] = None) -> str:
+    """The device spelling in force: ``device``, else ``$XPUSPEC_DEVICE``, else ``"auto"``."""
+    return (device or os.environ.get(DEVICE_ENV) or "auto").strip().lower()
+
+
+def _describe(devices: List[DeviceInfo]) -> str:
+    return ", ".join(f"{d.name} ({d.backend})" for d in devices) or "none"
+
+
+def resolve_device(device: Optional[str] = None, backend: Optional[str] = None) -> Tuple[Backend, str]:
+    """Pick the backend and device for one model.
+
+    Args:
+        device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"``, ``"xpu:0"`` or ``"auto"``;
+            ``None`` reads ``$XPUSPEC_DEVICE``, and ``"auto"`` if that is unset.
+        backend: restrict the choice to this backend's entry-point name (``"openvino"``, ``"torch"``).
+
+    Returns:
+        ``(backend, device_name)`` where ``device_name`` is the backend's own spelling in lowercase.
+
+    Raises:
+        DeviceNotFoundError: the spelling is unknown (with the closest valid one suggested),
+            or the device is absent here (with the devices that exist listed).
+        NotImplementedError: a comma-separated list (pipeline stages) was given.
+    """
+    spec = requested_device(device)
+    available = all_devices()
+    if backend is not None:
+        get_backend(backend)
+        available = [d for d in available if d.backend == backend]
+    if "," in spec:
+        raise NotImplementedError(
+            f"Device list {spec!r} asks for pipeline-parallel stages, which this version does not support yet. "
+            "Give a single device."
+        )
+    if spec == "auto":
+        for kind in AUTO_PREFERENCE:
+            for info in available:
+                if info.kind == kind:
+                    return _discover()[info.backend], info.name
+        raise DeviceNotFoundError(f"No device available for 'auto'. Backends unavailable: {unavailable_backends()}")
+    for info in available:
+        if _discover()[info.backend].matches(info, spec):
+            return _discover()[info.backend], info.name
+    vocabulary = ["auto", "cpu", "gpu", "npu", "xpu"] + [d.name for d in all_devices()]
+    base = spec.split(".")[0].split(":")[0]
+    if base in ("cpu", "gpu", "npu", "xpu"):
+        where = f" with backend {backend!r}" if backend else ""
+        raise DeviceNotFoundError(
+            f"Device {spec!r} is not available on this machine{where}. Available: {_describe(available)}. "
+            f"Set {DEVICE_ENV} or device= to one of these."
+        )
+    close = difflib.get_close_matches(spec, vocabulary, n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise DeviceNotFoundError(
+        f"Unknown device {spec!r}.{hint} Valid spellings: cpu, gpu, gpu.N, npu, xpu, xpu:N, auto. "
+        f"Available here: {_describe(available)}."
+    )

@@ -1,0 +1,33 @@
+"""Exception types. Each names what is wrong and how to fix it.
+
+Every type also derives from the built-in exception a transformers user would
+catch for the same mistake (``ValueError``, ``FileNotFoundError``, ...).
+"""
+
+
+class XpuspecError(Exception):
+    """Base class of every error xpuspec raises on purpose."""
+
+
+class DeviceNotFoundError(XpuspecError, ValueError):
+    """The requested device is unknown, absent on this machine, or served by no loaded backend."""
+
+
+class BackendUnavailableError(XpuspecError, RuntimeError):
+    """A backend plugin is installed but cannot run here (for example IPEX without its wheel)."""
+
+
+class ModelSourceError(XpuspecError, FileNotFoundError):
+    """A model path, hub id or built-in name does not lead to a loadable model."""
+
+
+class LowBitConfigError(XpuspecError, ValueError):
+    """A low-bit format or its parameters are invalid, or break a device's rules (NPU)."""
+
+
+class PullError(XpuspecError, RuntimeError):
+    """``xpuspec pull`` failed: download, checksum, conversion or the plausibility gate."""
+
+
+class OutputExistsError(XpuspecError, FileExistsError):
+    """An output folder exists and is not empty, and ``force`` was not given."""

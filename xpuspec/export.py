@@ -1,0 +1,55 @@
+"""``xpuspec export``: write an OpenVINO IR folder (model, tokenizer, detokenizer, configs).
+
+The folder is built in a temporary sibling and renamed into place at the end, so an
+interrupted export leaves nothing behind; an existing non-empty folder is replaced
+only with ``force``.
+"""
+
+from pathlib import Path
+from typing import Optional
+
+from .cache import atomic_folder
+from .devices import backends
+from .errors import BackendUnavailableError, DeviceNotFoundError, OutputExistsError
+from .lowbit import LowBitConfig
+from .sources import resolve_source
+
+#: Device kinds an exported IR can target (it need not be present on this machine).
+EXPORT_DEVICES = ("cpu", "gpu", "npu")
+
+
+def export(model, output, weight_format: str = "int4_asym", group_size: Optional[int] = None,
+           ratio: Optional[float] = None, awq: bool = False, scale_estimation: bool = False,
+           device: str = "cpu", force: bool = False) -> Path:
+    """Export ``model`` to an OpenVINO IR folder at ``output`` and return its path.
+
+    Args:
+        model: built-in name, Hugging Face folder, IR folder or hub id.
+        output: the folder to write.
+        weight_format: a :data:`xpuspec.lowbit.FORMATS` name.
+        group_size, ratio, awq, scale_estimation: NNCF INT4 parameters.
+        device: the device the IR is meant for (``cpu``, ``gpu``, ``gpu.N``, ``npu``); NPU rules apply.
+        force: replace a non-empty ``output``.
+
+    Raises:
+        OutputExistsError: ``output`` is not empty and ``force`` is false (checked before any work).
+        LowBitConfigError: an invalid format or parameter, or an NPU rule broken.
+        DeviceNotFoundError: ``device`` is not an OpenVINO device spelling.
+        ModelSourceError: the model cannot be found.
+    """
+    out = Path(output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise OutputExistsError(f"{out} exists and is not empty; pass --force (force=True) to replace it.")
+    kind = device.lower().split(".")[0]
+    if kind not in EXPORT_DEVICES:
+        raise DeviceNotFoundError(f"Export targets OpenVINO devices {', '.join(EXPORT_DEVICES)} (or gpu.N), not {device!r}.")
+    params = {k: v for k, v in dict(group_size=group_size, ratio=ratio).items() if v is not None}
+    low_bit = LowBitConfig(format=weight_format.lower(), awq=awq, scale_estimation=scale_estimation, **params)
+    low_bit.fitted([], device)
+    exporters = [b for b in backends().values() if b.can_export]
+    if not exporters:
+        raise BackendUnavailableError("No installed backend can export OpenVINO IR; install xpuspec with its openvino plugin.")
+    source = resolve_source(model)
+    with atomic_folder(out, overwrite=force) as tmp:
+        exporters[0].export_ir(source, tmp, low_bit, device.lower())
+    return out

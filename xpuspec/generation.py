@@ -1,0 +1,198 @@
+"""The decode loop over a Runner, with transformers' generation arguments and return types.
+
+Logits processing uses transformers' own processor classes, in the order
+``GenerationMixin`` applies them, so greedy and sampled outputs follow the same
+rules as ``transformers.generate``.
+"""
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation import (
+    GenerateDecoderOnlyOutput,
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .runner import Runner
+
+#: GenerationConfig fields xpuspec does not implement; setting one away from its default raises.
+UNSUPPORTED_FIELDS = (
+    "no_repeat_ngram_size", "bad_words_ids", "force_words_ids", "encoder_repetition_penalty",
+    "length_penalty", "num_beam_groups", "diversity_penalty", "typical_p", "epsilon_cutoff",
+    "eta_cutoff", "min_p", "penalty_alpha", "guidance_scale", "sequence_bias", "suppress_tokens",
+    "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
+    "exponential_decay_length_penalty", "watermarking_config", "stop_strings", "constraints",
+    "output_attentions", "output_hidden_states", "prompt_lookup_num_tokens",
+)
+
+
+#: Values that leave an option off, whatever its declared default.
+_OFF = (None, False, 0, [], ())
+
+
+@dataclass
+class GenerationStats:
+    """Figures of the last ``generate`` call.
+
+    Attributes:
+        prompt_tokens, new_tokens: token counts.
+        ttft_s: seconds from the call to the first new token (prefill included).
+        decode_s: seconds from the first to the last new token.
+        decode_tokens_per_s: ``(new_tokens - 1) / decode_s`` (0 when fewer than 2 new tokens).
+        target_forwards: forward passes of the model, prefill included.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    target_forwards: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return (self.new_tokens - 1) / self.decode_s if self.new_tokens > 1 and self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "decode_tokens_per_s": self.decode_tokens_per_s}
+
+    def summary(self) -> str:
+        return (f"prompt tokens {self.prompt_tokens}, new tokens {self.new_tokens}, "
+                f"TTFT {self.ttft_s * 1000:.0f} ms, decode {self.decode_tokens_per_s:.1f} tokens/s")
+
+
+def resolve_generation_config(base: GenerationConfig, generation_config: Optional[GenerationConfig],
+                              kwargs: dict) -> GenerationConfig:
+    """Merge ``generation_config`` (or the model's ``base``) with keyword overrides, and validate.
+
+    Raises:
+        TypeError: a keyword is not a generation argument.
+        NotImplementedError: beams, several return sequences, or a field in :data:`UNSUPPORTED_FIELDS`.
+        ValueError: ``max_new_tokens < 1``, or ``do_sample`` with ``temperature <= 0``.
+    """
+    config = copy.deepcopy(generation_config if generation_config is not None else base)
+    unused = config.update(**kwargs)
+    if unused:
+        raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(sorted(unused))}.")
+    defaults = GenerationConfig()
+    changed = [f for f in UNSUPPORTED_FIELDS
+               if getattr(config, f, None) != getattr(defaults, f, None) and getattr(config, f, None) not in _OFF]
+    if changed:
+        raise NotImplementedError(f"xpuspec does not implement {', '.join(changed)}; leave them at their defaults.")
+    if (config.num_beams or 1) > 1:
+        raise NotImplementedError(f"Beam search (num_beams={config.num_beams}) is not supported; use num_beams=1.")
+    if (config.num_return_sequences or 1) > 1:
+        raise NotImplementedError("num_return_sequences > 1 is not supported; call generate once per sequence.")
+    if config.max_new_tokens is not None and config.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {config.max_new_tokens}.")
+    if config.do_sample and (config.temperature is None or config.temperature <= 0):
+        raise ValueError(
+            f"do_sample=True needs temperature > 0, got {config.temperature}. For greedy decoding pass do_sample=False."
+        )
+    return config
+
+
+def eos_ids(config: GenerationConfig) -> List[int]:
+    eos = config.eos_token_id
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def logits_processor(config: GenerationConfig, prompt_len: int) -> LogitsProcessorList:
+    """transformers' processors for ``config``: penalties and length rules always, warpers when sampling."""
+    procs = LogitsProcessorList()
+    eos = eos_ids(config)
+    if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(penalty=config.repetition_penalty))
+    if eos and config.min_length is not None and config.min_length > 0:
+        procs.append(MinLengthLogitsProcessor(config.min_length, eos))
+    if eos and config.min_new_tokens is not None and config.min_new_tokens > 0:
+        procs.append(MinNewTokensLengthLogitsProcessor(prompt_len, config.min_new_tokens, eos))
+    if config.do_sample:
+        if config.temperature is not None and config.temperature != 1.0:
+            procs.append(TemperatureLogitsWarper(config.temperature))
+        if config.top_k is not None and config.top_k != 0:
+            procs.append(TopKLogitsWarper(top_k=config.top_k, min_tokens_to_keep=1))
+        if config.top_p is not None and config.top_p < 1.0:
+            procs.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
+    return procs
+
+
+def max_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
+    """``max_new_tokens``, else ``max_length - prompt_len`` (transformers' rule)."""
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens
+    return max(config.max_length - prompt_len, 0)
+
+
+def decode(runner: Runner, prompt: List[int], config: GenerationConfig, streamer=None):
+    """Plain autoregressive decoding: prefill, then one token per forward.
+
+    Args:
+        runner: the model; its KV cache is reset first.
+        prompt: prompt token ids (non-empty).
+        config: a validated GenerationConfig.
+        streamer: a transformers streamer (``put``/``end``), or ``None``.
+
+    Returns:
+        ``(new_tokens, scores, raw_logits, stats)``: the generated ids (list of int), the
+        processed scores and raw logits per step (lists of ``[1, vocab]`` float32 tensors,
+        filled only when ``output_scores`` / ``output_logits`` are set), and :class:`GenerationStats`.
+    """
+    start = time.perf_counter()
+    processors = logits_processor(config, len(prompt))
+    stop = set(eos_ids(config))
+    limit = max_new_tokens(config, len(prompt))
+    ids = torch.tensor([prompt], dtype=torch.long)
+    new, scores, raw, stats = [], [], [], GenerationStats(prompt_tokens=len(prompt))
+    runner.reset()
+    logits = runner.forward(prompt)[-1:]
+    stats.target_forwards = 1
+    first = None
+    while len(new) < limit:
+        processed = processors(ids, logits)
+        if config.do_sample:
+            token = int(torch.multinomial(torch.softmax(processed, dim=-1), 1)[0, 0])
+        else:
+            token = int(processed.argmax(-1)[0])
+        if config.output_scores:
+            scores.append(processed)
+        if config.output_logits:
+            raw.append(logits)
+        new.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+        if first is None:
+            first = time.perf_counter()
+        if streamer is not None:
+            streamer.put(torch.tensor([token]))
+        if token in stop or len(new) == limit:
+            break
+        logits = runner.forward([token])[-1:]
+        stats.target_forwards += 1
+    end = time.perf_counter()
+    stats.new_tokens = len(new)
+    stats.ttft_s = (first or end) - start
+    stats.decode_s = end - (first or end)
+    return new, scores, raw, stats
+
+
+def pack_output(prompt_ids: torch.Tensor, new: List[int], scores, raw, config: GenerationConfig):
+    """The value ``transformers.generate`` returns: a ``[1, prompt+new]`` LongTensor, or
+    :class:`GenerateDecoderOnlyOutput` when ``return_dict_in_generate`` is set."""
+    sequences = torch.cat([prompt_ids.to("cpu", torch.long), torch.tensor([new], dtype=torch.long)], dim=1)
+    if not config.return_dict_in_generate:
+        return sequences
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=tuple(scores) if config.output_scores else None,
+        logits=tuple(raw) if config.output_logits else None,
+    )

