@@ -11,7 +11,7 @@ from typing import Optional
 from .cache import atomic_folder
 from .devices import backends
 from .errors import BackendUnavailableError, DeviceNotFoundError, OutputExistsError
-from .lowbit import LowBitConfig
+from .lowbit import LowBitConfig, decoder_in_channels
 from .sources import resolve_source
 
 #: Device kinds an exported IR can target (it need not be present on this machine).
@@ -45,11 +45,12 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
         raise DeviceNotFoundError(f"Export targets OpenVINO devices {', '.join(EXPORT_DEVICES)} (or gpu.N), not {device!r}.")
     params = {k: v for k, v in dict(group_size=group_size, ratio=ratio).items() if v is not None}
     low_bit = LowBitConfig(format=weight_format.lower(), awq=awq, scale_estimation=scale_estimation, **params)
-    low_bit.fitted([], device)
+    low_bit.check_device(device)
     exporters = [b for b in backends().values() if b.can_export]
     if not exporters:
         raise BackendUnavailableError("No installed backend can export OpenVINO IR; install xpuspec with its openvino plugin.")
     source = resolve_source(model)
+    low_bit = low_bit.fitted(decoder_in_channels(source.config), device)
     with atomic_folder(out, overwrite=force) as tmp:
         exporters[0].export_ir(source, tmp, low_bit, device.lower())
     return out

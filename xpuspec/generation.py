@@ -78,7 +78,7 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
     Raises:
         TypeError: a keyword is not a generation argument.
         NotImplementedError: beams, several return sequences, or a field in :data:`UNSUPPORTED_FIELDS`.
-        ValueError: ``max_new_tokens < 1``, or ``do_sample`` with ``temperature <= 0``.
+        ValueError: ``max_new_tokens < 1`` (transformers' own check), or ``do_sample`` with ``temperature <= 0``.
     """
     config = copy.deepcopy(generation_config if generation_config is not None else base)
     unused = config.update(**kwargs)
@@ -93,8 +93,6 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
         raise NotImplementedError(f"Beam search (num_beams={config.num_beams}) is not supported; use num_beams=1.")
     if (config.num_return_sequences or 1) > 1:
         raise NotImplementedError("num_return_sequences > 1 is not supported; call generate once per sequence.")
-    if config.max_new_tokens is not None and config.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {config.max_new_tokens}.")
     if config.do_sample and (config.temperature is None or config.temperature <= 0):
         raise ValueError(
             f"do_sample=True needs temperature > 0, got {config.temperature}. For greedy decoding pass do_sample=False."

@@ -95,17 +95,10 @@ class LowBitConfig:
             LowBitConfigError: an NPU rule is broken (asymmetric INT4, or an explicit
                 group size other than 128 / -1).
         """
-        npu = device.lower().startswith("npu")
+        self.check_device(device)
         if not self.is_int4:
             return self
-        if npu and not self.symmetric:
-            raise LowBitConfigError(
-                f"NPU runs INT4 weights only as symmetric: use load_in_low_bit='int4_sym' instead of {self.format!r}."
-            )
-        if npu and self.group_size not in (None, DEFAULT_INT4_GROUP_SIZE, CHANNEL_WISE):
-            raise LowBitConfigError(
-                f"NPU needs INT4 group size 128 or -1 (channel-wise), got {self.group_size}."
-            )
+        npu = device.lower().startswith("npu")
         requested = DEFAULT_INT4_GROUP_SIZE if self.group_size is None else self.group_size
         if requested == CHANNEL_WISE:
             return replace(self, group_size=CHANNEL_WISE)
@@ -119,6 +112,18 @@ class LowBitConfig:
             requested, channels, "channel-wise" if fitted == CHANNEL_WISE else fitted,
         )
         return replace(self, group_size=fitted)
+
+    def check_device(self, device: str) -> None:
+        """Raise :class:`LowBitConfigError` if these settings break ``device``'s rules (NPU: INT4 must be
+        symmetric, with group size 128 or channel-wise)."""
+        if not (self.is_int4 and device.lower().startswith("npu")):
+            return
+        if not self.symmetric:
+            raise LowBitConfigError(
+                f"NPU runs INT4 weights only as symmetric: use load_in_low_bit='int4_sym' instead of {self.format!r}."
+            )
+        if self.group_size not in (None, DEFAULT_INT4_GROUP_SIZE, CHANNEL_WISE):
+            raise LowBitConfigError(f"NPU needs INT4 group size 128 or -1 (channel-wise), got {self.group_size}.")
 
     def as_dict(self) -> dict:
         return asdict(self)

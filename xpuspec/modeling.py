@@ -13,7 +13,7 @@ from .cache import atomic_folder
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
 from .generation import decode, pack_output, resolve_generation_config
-from .lowbit import LowBitConfig, resolve_low_bit
+from .lowbit import LowBitConfig, decoder_in_channels, resolve_low_bit
 from .sources import METADATA_FILE, ModelSource, resolve_source
 
 log = logging.getLogger("xpuspec")
@@ -211,9 +211,13 @@ class AutoModelForCausalLM:
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
         chosen_backend, device_name = resolve_device(device, backend)
         if low_bit is not None:
-            low_bit.fitted([], device_name)  # NPU rules before any slow work
+            low_bit.check_device(device_name)  # before any slow work
         source = resolve_source(pretrained_model_name_or_path)
+        if low_bit is not None:
+            low_bit = low_bit.fitted(decoder_in_channels(source.config), device_name)
         runner = chosen_backend.load(source, device_name, low_bit, ov_config=ov_config)
+        if low_bit is None:
+            low_bit = source.saved_low_bit
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
         return XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
 
@@ -225,13 +229,9 @@ class AutoModelForCausalLM:
         Raises:
             ModelSourceError: the folder was not written by ``save_low_bit`` or ``xpuspec export``.
         """
-        meta = Path(path) / METADATA_FILE
-        if not meta.is_file() or "low_bit" not in json.loads(meta.read_text()):
-            raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no {METADATA_FILE}).")
-        fmt = json.loads(meta.read_text())["low_bit"]
-        model = cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config)
-        model.low_bit = None if fmt.get("format") == "fp32" else LowBitConfig(**fmt)
-        return model
+        if resolve_source(path).saved_low_bit is None:
+            raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no low_bit in {METADATA_FILE}).")
+        return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config)
 
 
 class AutoTokenizer:

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from .cache import atomic_folder, cache_root
 from .errors import ModelSourceError, PullError
+from .lowbit import LowBitConfig
 
 log = logging.getLogger("xpuspec")
 
@@ -112,6 +113,12 @@ class ModelSource:
         """Contents of ``xpuspec.json`` (low-bit settings of a saved or exported model), or ``{}``."""
         meta = self.path / METADATA_FILE
         return json.loads(meta.read_text()) if meta.is_file() else {}
+
+    @property
+    def saved_low_bit(self) -> Optional[LowBitConfig]:
+        """The low-bit settings an IR folder was written with by xpuspec, else ``None``."""
+        saved = self.metadata.get("low_bit") if self.kind == "ir" else None
+        return LowBitConfig(**saved) if saved else None
 
 
 def _is_hub_id(name: str) -> bool:

@@ -73,7 +73,7 @@ class OpenVINOBackend(Backend):
         from .ir import prepare_ir
         from .runner import OpenVINORunner
 
-        folder = prepare_ir(source, low_bit, device)
+        folder = prepare_ir(source, low_bit)
         return OpenVINORunner(self.core, folder, device, compile_config(device, ov_config))
 
     def save_low_bit(self, runner, folder) -> None:
@@ -82,7 +82,7 @@ class OpenVINOBackend(Backend):
     def export_ir(self, source, folder, low_bit, device: str) -> None:
         from .ir import ensure_tokenizer_files, prepare_ir
 
-        _copy_files(prepare_ir(source, low_bit, device), Path(folder))
+        _copy_files(prepare_ir(source, low_bit), Path(folder))
         ensure_tokenizer_files(Path(folder))
 
 

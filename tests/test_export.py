@@ -1,0 +1,99 @@
+"""xpuspec export: the IR loads in openvino_genai and in xpuspec with the same greedy text;
+bad input is refused before any work and leaves no files; save_low_bit round-trips."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from xpuspec import AutoModelForCausalLM, LowBitConfigError, ModelSourceError, OutputExistsError, export
+
+from conftest import MODEL, PROMPTS
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "xpuspec", *map(str, args)], capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.fixture(scope="module")
+def exported(smollm2_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "smollm2-int8"
+    done = _cli("export", MODEL, out, "--weight-format", "int8_asym")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+def test_export_folder_contents(exported):
+    names = {p.name for p in exported.iterdir()}
+    assert {"openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_tokenizer.bin",
+            "openvino_detokenizer.xml", "openvino_detokenizer.bin", "config.json", "generation_config.json",
+            "tokenizer.json", "xpuspec.json"} <= names
+    assert not [p for p in exported.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_genai_and_xpuspec_give_the_same_greedy_text(exported):
+    import openvino_genai
+
+    from xpuspec import AutoTokenizer
+
+    pipe = openvino_genai.LLMPipeline(str(exported), "CPU")
+    model = AutoModelForCausalLM.from_pretrained(exported, device="cpu")
+    assert model.low_bit.format == "int8_asym"
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    for prompt in PROMPTS:
+        theirs = pipe.generate(prompt, max_new_tokens=32, do_sample=False, apply_chat_template=False)
+        ids = tokenizer(prompt, return_tensors="pt")
+        out = model.generate(**ids, max_new_tokens=32, do_sample=False)
+        assert tokenizer.decode(out[0, ids.input_ids.shape[1]:], skip_special_tokens=True) == theirs, prompt
+
+
+def test_non_empty_target_is_refused_and_untouched(exported):
+    before = {p.name: p.stat().st_mtime_ns for p in exported.iterdir()}
+    done = _cli("export", MODEL, exported, "--weight-format", "int8_asym")
+    assert done.returncode == 2 and "not empty; pass --force" in done.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in exported.iterdir()} == before
+
+
+def test_force_replaces(exported, tmp_path):
+    out = tmp_path / "target"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    export(MODEL, out, weight_format="int8_asym", force=True)
+    assert not (out / "stale.txt").exists() and (out / "openvino_model.xml").is_file()
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--weight-format", "int3"], "Unknown low-bit format 'int3'"),
+    (["--weight-format", "int4_asym", "--device", "npu"], "NPU runs INT4 weights only as symmetric"),
+    (["--device", "tpu"], "Export targets OpenVINO devices"),
+])
+def test_bad_export_options_leave_no_files(tmp_path, args, phrase):
+    out = tmp_path / "out"
+    done = _cli("export", MODEL, out, *args)
+    assert done.returncode == 2 and phrase in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_path_and_non_model_folder(tmp_path):
+    with pytest.raises(ModelSourceError, match="No such model folder"):
+        export(tmp_path / "nowhere", tmp_path / "out")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("hi")
+    with pytest.raises(ModelSourceError, match="is not a model"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "notes")
+    assert not (tmp_path / "out").exists()
+
+
+def test_save_low_bit_round_trip_is_bit_identical(smollm2_path, tmp_path, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int4_sym")
+    saved = model.save_low_bit(tmp_path / "int4")
+    again = AutoModelForCausalLM.load_low_bit(saved, device="cpu")
+    assert again.low_bit == model.low_bit
+    ids = tokenizer(PROMPTS[2], return_tensors="pt").input_ids
+    assert torch.equal(model(ids).logits, again(ids).logits)
+    with pytest.raises(OutputExistsError):
+        model.save_low_bit(saved)
+    with pytest.raises(LowBitConfigError, match="already compressed to int4_sym"):
+        AutoModelForCausalLM.from_pretrained(saved, load_in_low_bit="int8_asym")
