@@ -6,6 +6,7 @@
 from .errors import (
     BackendUnavailableError,
     DeviceNotFoundError,
+    DraftMismatchError,
     LowBitConfigError,
     ModelSourceError,
     OutputExistsError,
@@ -16,11 +17,13 @@ from .export import export
 from .lowbit import FORMATS, LowBitConfig
 from .modeling import AutoModelForCausalLM, AutoTokenizer, XpuspecModelForCausalLM
 from .sources import BUILTIN_MODELS, pull
+from .speculative.config import SpeculativeConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AutoModelForCausalLM", "AutoTokenizer", "XpuspecModelForCausalLM", "LowBitConfig", "FORMATS",
     "BUILTIN_MODELS", "pull", "export", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
-    "ModelSourceError", "LowBitConfigError", "PullError", "OutputExistsError",
+    "ModelSourceError", "LowBitConfigError", "PullError", "OutputExistsError", "DraftMismatchError",
+    "SpeculativeConfig",
 ]

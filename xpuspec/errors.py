@@ -31,3 +31,7 @@ class PullError(XpuspecError, RuntimeError):
 
 class OutputExistsError(XpuspecError, FileExistsError):
     """An output folder exists and is not empty, and ``force`` was not given."""
+
+
+class DraftMismatchError(XpuspecError, ValueError):
+    """A draft model cannot draft for this target: another vocabulary or other special tokens."""

@@ -6,7 +6,6 @@ rules as ``transformers.generate``.
 """
 
 import copy
-import time
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
@@ -23,7 +22,6 @@ from transformers.generation import (
     TopPLogitsWarper,
 )
 
-from .runner import Runner
 
 #: GenerationConfig fields xpuspec does not implement; setting one away from its default raises.
 UNSUPPORTED_FIELDS = (
@@ -49,7 +47,9 @@ class GenerationStats:
         ttft_s: seconds from the call to the first new token (prefill included).
         decode_s: seconds from the first to the last new token.
         decode_tokens_per_s: ``(new_tokens - 1) / decode_s`` (0 when fewer than 2 new tokens).
-        target_forwards: forward passes of the model, prefill included.
+        target_forwards: forward passes of the target, prefill included.
+        drafted_tokens, accepted_tokens: speculative decoding counts (0 for plain decoding).
+        draft_s, verify_s: seconds spent drafting and in target forwards after prefill.
     """
 
     prompt_tokens: int = 0
@@ -57,18 +57,39 @@ class GenerationStats:
     ttft_s: float = 0.0
     decode_s: float = 0.0
     target_forwards: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
     extra: dict = field(default_factory=dict)
 
     @property
     def decode_tokens_per_s(self) -> float:
         return (self.new_tokens - 1) / self.decode_s if self.new_tokens > 1 and self.decode_s > 0 else 0.0
 
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """New tokens per target forward after prefill (tau; 1.0 for plain decoding)."""
+        decode_forwards = self.target_forwards - 1
+        return (self.new_tokens - 1) / decode_forwards if decode_forwards > 0 else 0.0
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "decode_tokens_per_s": self.decode_tokens_per_s}
+        return {**asdict(self), "decode_tokens_per_s": self.decode_tokens_per_s,
+                "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length}
 
     def summary(self) -> str:
-        return (f"prompt tokens {self.prompt_tokens}, new tokens {self.new_tokens}, "
+        line = (f"prompt tokens {self.prompt_tokens}, new tokens {self.new_tokens}, "
                 f"TTFT {self.ttft_s * 1000:.0f} ms, decode {self.decode_tokens_per_s:.1f} tokens/s")
+        if self.drafted_tokens:
+            line += (f", drafted {self.drafted_tokens}, accepted {self.accepted_tokens} "
+                     f"({self.acceptance_rate:.0%}), mean accepted length {self.mean_accepted_length:.2f}, "
+                     f"draft {self.draft_s * 1000:.0f} ms, verify {self.verify_s * 1000:.0f} ms")
+        return line
 
 
 def resolve_generation_config(base: GenerationConfig, generation_config: Optional[GenerationConfig],
@@ -130,57 +151,6 @@ def max_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
     if config.max_new_tokens is not None:
         return config.max_new_tokens
     return max(config.max_length - prompt_len, 0)
-
-
-def decode(runner: Runner, prompt: List[int], config: GenerationConfig, streamer=None):
-    """Plain autoregressive decoding: prefill, then one token per forward.
-
-    Args:
-        runner: the model; its KV cache is reset first.
-        prompt: prompt token ids (non-empty).
-        config: a validated GenerationConfig.
-        streamer: a transformers streamer (``put``/``end``), or ``None``.
-
-    Returns:
-        ``(new_tokens, scores, raw_logits, stats)``: the generated ids (list of int), the
-        processed scores and raw logits per step (lists of ``[1, vocab]`` float32 tensors,
-        filled only when ``output_scores`` / ``output_logits`` are set), and :class:`GenerationStats`.
-    """
-    start = time.perf_counter()
-    processors = logits_processor(config, len(prompt))
-    stop = set(eos_ids(config))
-    limit = max_new_tokens(config, len(prompt))
-    ids = torch.tensor([prompt], dtype=torch.long)
-    new, scores, raw, stats = [], [], [], GenerationStats(prompt_tokens=len(prompt))
-    runner.reset()
-    logits = runner.forward(prompt)[-1:]
-    stats.target_forwards = 1
-    first = None
-    while len(new) < limit:
-        processed = processors(ids, logits)
-        if config.do_sample:
-            token = int(torch.multinomial(torch.softmax(processed, dim=-1), 1)[0, 0])
-        else:
-            token = int(processed.argmax(-1)[0])
-        if config.output_scores:
-            scores.append(processed)
-        if config.output_logits:
-            raw.append(logits)
-        new.append(token)
-        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-        if first is None:
-            first = time.perf_counter()
-        if streamer is not None:
-            streamer.put(torch.tensor([token]))
-        if token in stop or len(new) == limit:
-            break
-        logits = runner.forward([token])[-1:]
-        stats.target_forwards += 1
-    end = time.perf_counter()
-    stats.new_tokens = len(new)
-    stats.ttft_s = (first or end) - start
-    stats.decode_s = end - (first or end)
-    return new, scores, raw, stats
 
 
 def pack_output(prompt_ids: torch.Tensor, new: List[int], scores, raw, config: GenerationConfig):

