@@ -274,9 +274,8 @@ class AutoModelForCausalLM:
             model.speculative_config = spec
             if spec.uses_model:
                 draft_device_name = spec.resolved_draft_device or device_name
-                model.draft_model = cls.from_pretrained(
+                model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
                     spec.draft or pretrained_model_name_or_path, device=draft_device_name,
-                    backend=backend if draft_device_name == device_name else None,
                     load_in_low_bit=spec.draft_low_bit or (DEFAULT_SELF_DRAFT_LOW_BIT if not spec.draft else None),
                     ov_config=ov_config,
                 )

@@ -1,0 +1,93 @@
+"""Greedy speculative decoding on the real SmolLM2 is token-identical to plain greedy decoding
+of the same target, for every drafter, and the audit reports no VIOLATION. Rollback leaves the
+KV cache exactly as a fresh forward over the accepted prefix would."""
+
+import pytest
+import torch
+
+from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+from xpuspec.speculative.audit import IDENTICAL, TIE, VIOLATION, audit
+
+from conftest import MODEL
+
+#: 4 code prompts (HumanEval-style) and 4 prose prompts.
+PROMPTS_8 = [
+    "def fibonacci(n):",
+    "import numpy as np\n\ndef normalize(x):",
+    'def has_close_elements(numbers, threshold):\n    """Check if any two numbers are closer than threshold."""\n',
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "The history of the printing press begins",
+    "Photosynthesis is the process by which plants",
+]
+#: Speculation always on (no cost model), so that every round really drafts and verifies.
+ALWAYS = dict(num_assistant_tokens=4, cost_model=False)
+
+
+def _audit_all(model, tokenizer, **kwargs):
+    results = [audit(model, tokenizer(p, return_tensors="pt").input_ids, max_new_tokens=64, **kwargs)
+               for p in PROMPTS_8]
+    assert not [r for r in results if r.status == VIOLATION], [(r.first_difference, r.margin) for r in results]
+    assert sum(r.stats.drafted_tokens for r in results) > 100  # speculation really ran
+    return results
+
+
+@pytest.fixture(scope="module")
+def int8_target(smollm2_path):
+    spec = SpeculativeConfig(mode="hybrid", **ALWAYS)  # its draft model is the int4_sym self-draft
+    return AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative=spec)
+
+
+def test_self_speculation_int4_draft_is_identical(int8_target, tokenizer):
+    assert int8_target.draft_model.low_bit.format == "int4_sym"
+    results = _audit_all(int8_target, tokenizer, assistant_model=int8_target.draft_model)
+    assert all(r.status == IDENTICAL for r in results)
+    assert sum(r.stats.accepted_tokens for r in results) / sum(r.stats.drafted_tokens for r in results) > 0.5
+
+
+def test_prompt_lookup_is_identical(int8_target, tokenizer):
+    results = _audit_all(int8_target, tokenizer, prompt_lookup_num_tokens=4)
+    assert all(r.status == IDENTICAL for r in results)
+
+
+def test_hybrid_is_identical(int8_target, tokenizer):
+    results = _audit_all(int8_target, tokenizer)  # the model's own hybrid config
+    assert all(r.status == IDENTICAL for r in results)
+
+
+def test_torch_fp32_target_with_openvino_int4_draft_is_identical(smollm2_path, tokenizer):
+    spec = SpeculativeConfig(mode="self", **ALWAYS)
+    target = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", backend="torch", speculative=spec)
+    assert (target.backend_name, target.draft_model.backend_name) == ("torch", "openvino")
+    results = _audit_all(target, tokenizer)
+    assert all(r.status in (IDENTICAL, TIE) for r in results)
+
+
+def test_audit_flags_a_violation(int8_target, tokenizer, monkeypatch):
+    """The audit must be able to fail: a verifier that accepts every draft changes the output."""
+    from xpuspec import decode
+
+    monkeypatch.setattr(decode, "greedy_accept", lambda drafts, scores: (len(drafts), int(scores[-1].argmax())))
+    ids = tokenizer(PROMPTS_8[4], return_tensors="pt").input_ids
+    result = audit(int8_target, ids, max_new_tokens=32, assistant_model=int8_target.draft_model)
+    assert result.status == VIOLATION and result.margin > 1e-3
+
+
+@pytest.mark.parametrize("backend", ["openvino", "torch"])
+def test_rollback_equals_a_fresh_forward(smollm2_path, tokenizer, backend):
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", backend=backend)
+    runner = model.runner
+    prefix = tokenizer(PROMPTS_8[0]).input_ids
+    drafts = tokenizer(" return n if n < 2 else", add_special_tokens=False).input_ids[:5]
+    probe = tokenizer(" x", add_special_tokens=False).input_ids
+    for n in range(len(drafts) + 1):
+        runner.reset()
+        runner.forward(prefix)
+        runner.forward(drafts)
+        runner.rollback(len(drafts) - n)
+        assert runner.length == len(prefix) + n
+        after = runner.forward(probe)[-1]
+        runner.reset()
+        fresh = runner.forward(prefix + drafts[:n] + probe)[-1]
+        assert torch.allclose(after, fresh, atol=1e-3), (n, float((after - fresh).abs().max()))

@@ -1,0 +1,128 @@
+"""Speculative mechanics on tiny random models and on distributions: rejection sampling is
+lossless (and the test catches a broken rule), drafts with another vocabulary are refused,
+bad options raise, and prompt lookup finds n-grams."""
+
+import pytest
+import torch
+
+from xpuspec import AutoModelForCausalLM, DraftMismatchError, SpeculativeConfig
+from xpuspec.speculative.drafters import PromptLookupDrafter
+from xpuspec.speculative.verify import greedy_accept, rejection_sample
+
+from tiny import WORDS, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A tiny target that drafts with another tiny model (k=2, constant, cost model off)."""
+    root = tmp_path_factory.mktemp("tiny")
+    draft_path = tiny_model(root / "draft", seed=2)
+    spec = SpeculativeConfig(mode="draft", draft=str(draft_path), num_assistant_tokens=2,
+                             num_assistant_tokens_schedule="constant", cost_model=False)
+    target = AutoModelForCausalLM.from_pretrained(tiny_model(root / "target", seed=1), device="cpu", backend="torch",
+                                                  speculative=spec)
+    return target, target.draft_model
+
+
+def _tv(counts_a: torch.Tensor, counts_b: torch.Tensor) -> float:
+    return 0.5 * float((counts_a / counts_a.sum() - counts_b / counts_b.sum()).abs().sum())
+
+
+def _first_token_counts(sampler, trials, vocab):
+    counts = torch.zeros(vocab)
+    for _ in range(trials):
+        counts[sampler()] += 1
+    return counts
+
+
+def broken_always_accept(drafts, draft_probs, target_probs, generator=None):
+    """A wrong acceptance rule (accepts every draft) that the statistical test must catch."""
+    return len(drafts), int(torch.multinomial(target_probs[len(drafts)], 1))
+
+
+@pytest.mark.parametrize("rule, lossless", [(rejection_sample, True), (broken_always_accept, False)])
+def test_rejection_sampling_follows_the_target_distribution(rule, lossless):
+    """First token of a 3-token draft round: its distribution must equal p_0 whatever q is.
+
+    TV distance between two empirical distributions of N samples over V outcomes is about
+    sqrt(V / (2 pi N)) under the null; with V=8, N=20000 that is ~0.008, so 0.03 is a safe bound,
+    while the broken rule lands at TV(q_0, p_0) = 0.4 or more by construction.
+    """
+    gen = torch.Generator().manual_seed(0)
+    vocab, trials = 8, 20000
+    p = torch.softmax(torch.randn(4, vocab, generator=gen) * 2, dim=-1)
+    q = torch.softmax(torch.randn(3, vocab, generator=gen) * 2, dim=-1)
+    assert _tv(p[0], q[0]) > 0.4
+
+    def speculative():
+        drafts = [int(torch.multinomial(q[i], 1)) for i in range(3)]
+        n, token = rule(drafts, q, p)
+        return drafts[0] if n > 0 else token
+
+    observed = _first_token_counts(speculative, trials, vocab)
+    direct = _first_token_counts(lambda: int(torch.multinomial(p[0], 1)), trials, vocab)
+    assert (_tv(observed, direct) < 0.03) == lossless
+
+
+def test_deterministic_drafts_are_lossless_too():
+    gen = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(2, 6, generator=gen) * 2, dim=-1)
+    counts = _first_token_counts(lambda: (lambda n, t: 3 if n else t)(*rejection_sample([3], None, p)), 20000, 6)
+    assert _tv(counts, p[0] * 20000) < 0.03
+
+
+def test_greedy_accept():
+    scores = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert greedy_accept([1, 2], scores) == (2, 0)
+    assert greedy_accept([1, 0], scores) == (1, 2)
+    assert greedy_accept([], scores[:1]) == (0, 1)
+
+
+def test_sampled_speculation_matches_plain_sampling_on_tiny_models(tiny_pair):
+    """End to end: the 2nd and 3rd sampled tokens (the first drafted round; the 1st comes from
+    prefill) have the same joint distribution with the draft model as with plain sampling
+    (TV over the 16 x 16 pairs, N=1500 each)."""
+    target, _ = tiny_pair
+    ids = torch.tensor([[1, 5, 6]])
+    kwargs = dict(max_new_tokens=4, do_sample=True, temperature=0.8, top_p=0.95)
+
+    def pair_counts(**extra):
+        counts = torch.zeros(len(WORDS) ** 2)
+        for _ in range(1500):
+            a, b = target.generate(input_ids=ids, **kwargs, **extra)[0, 4:6].tolist()
+            counts[a * len(WORDS) + b] += 1
+        return counts
+
+    torch.manual_seed(0)
+    plain = pair_counts(speculative=False)
+    spec = pair_counts()
+    assert target.last_generate_stats.drafted_tokens >= 2
+    assert _tv(plain, spec) < 0.12  # null ~ sqrt(256 / (2 pi 1500)) = 0.05 at most for 256 cells
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny_pair, tmp_path):
+    target, _ = tiny_pair
+    other_words = WORDS[:3] + [f"v{i}" for i in range(13)]
+    other = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "other", 3, other_words), backend="torch")
+    with pytest.raises(DraftMismatchError, match="another vocabulary"):
+        target.generate(input_ids=torch.tensor([[1, 5]]), max_new_tokens=4, assistant_model=other)
+
+
+def test_bad_speculative_options(tiny_pair):
+    target, draft = tiny_pair
+    ids = torch.tensor([[1, 5]])
+    with pytest.raises(ValueError, match="num_assistant_tokens must be >= 1"):
+        target.generate(input_ids=ids, max_new_tokens=4, assistant_model=draft, num_assistant_tokens=0)
+    with pytest.raises(NotImplementedError, match="Beam search"):
+        target.generate(input_ids=ids, max_new_tokens=4, assistant_model=draft, num_beams=2)
+    with pytest.raises(TypeError, match="must be an xpuspec model"):
+        target.generate(input_ids=ids, max_new_tokens=4, assistant_model=draft.runner)
+    with pytest.raises(ValueError, match="Unknown speculative mode"):
+        SpeculativeConfig(mode="medusa")
+
+
+def test_prompt_lookup_finds_the_latest_longest_match():
+    lookup = PromptLookupDrafter(max_matching_ngram_size=2)
+    assert lookup.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]
+    assert lookup.lookup([7, 8, 9], 3) == []
+    assert lookup.lookup([5, 6, 5], 2) == [6, 5]

@@ -1,0 +1,27 @@
+"""Tiny random Llama models with a 16-token word-level tokenizer, for fast mechanics tests."""
+
+from pathlib import Path
+
+import torch
+
+WORDS = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(13)]
+
+
+def tiny_model(folder: Path, seed: int, words=WORDS) -> Path:
+    """Write a 2-layer random Llama and its tokenizer to ``folder``; return it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper than init noise, so distributions are far from uniform
+        model.lm_head.weight.mul_(40)
+    model.save_pretrained(folder)
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(folder)
+    return Path(folder)
