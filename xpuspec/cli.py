@@ -37,15 +37,30 @@ def _generate(args) -> int:
     model = AutoModelForCausalLM.from_pretrained(
         args.model, device=args.device, backend=args.backend,
         load_in_low_bit=None if args.low_bit == "none" else args.low_bit,
+        speculative=_speculative(args),
     )
     if args.verbose:
         print(f"# {model!r}, weights {model.runner.weight_bytes / 2**20:.1f} MiB", file=sys.stderr)
+        if model.draft_model is not None:
+            print(f"# draft {model.draft_model!r}, extra weights {model.draft_model.runner.weight_bytes / 2**20:.1f} MiB",
+                  file=sys.stderr)
     inputs = tokenizer(args.prompt, return_tensors="pt")
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) \
         if args.do_sample else dict(do_sample=False)
     model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=TextStreamer(tokenizer), **sampling)
     print(f"[{model.last_generate_stats.summary()}]")
     return 0
+
+
+def _speculative(args):
+    from .speculative.config import SpeculativeConfig, resolve_speculative
+
+    if args.speculative is None:
+        return None
+    base = resolve_speculative(True if args.speculative == "self" else args.speculative,
+                              draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
+    overrides = {} if args.num_assistant_tokens is None else {"num_assistant_tokens": args.num_assistant_tokens}
+    return SpeculativeConfig(**{**base.__dict__, **overrides})
 
 
 def _export(args) -> int:
@@ -87,7 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--verbose", action="store_true", help="print where the model runs and its weight size")
+    p.add_argument("--speculative", default=None, metavar="MODE",
+                   help="self | prompt_lookup | hybrid | a draft model path or name (default: plain decoding)")
+    p.add_argument("--draft-low-bit", default=None, choices=FORMATS, help="draft weight format (self: int4_sym)")
+    p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
+    p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4)")
+    p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")
     p.set_defaults(run=_generate)
 
     p = sub.add_parser("export", help="write an OpenVINO IR folder (model and tokenizer)")

@@ -6,9 +6,11 @@ speculation switched off) the round has no drafts and is a plain decode step. Af
 partial accept the target's KV cache is rolled back past the rejected drafts.
 
 Adaptive draft length: the heuristic schedule (+2 after a full accept, -1 otherwise, as in
-transformers) and a cost model that turns speculation off for the rest of the request once
-the measured speculative rate (tokens per second of draft + verify) falls below the rate of
-plain steps.
+transformers) and a cost model that turns speculation off for the rest of the request. With
+T1 the time of a plain step, and k*H + T_k the measured time of a speculative round (k drafts
+at H each, one k-token verify), the speed-up is tau * T1 / (k*H + T_k) for tau tokens gained per
+round. Speculation stops after its first round if even a full accept (tau = k + 1) cannot pay,
+and after a few rounds if the measured tau does not.
 """
 
 import time
@@ -23,8 +25,23 @@ from .runner import Runner
 from .speculative.drafters import Drafter
 from .speculative.verify import greedy_accept, rejection_sample
 
-#: Speculative rounds measured before the cost model may switch speculation off.
-COST_MODEL_WARMUP_ROUNDS = 4
+#: Speculative rounds measured before the cost model judges the measured acceptance.
+COST_MODEL_WARMUP_ROUNDS = 3
+
+
+def speculation_pays(plain_step_s: float, spec_rounds: int, spec_s: float, spec_tokens: int,
+                     drafted: int) -> bool:
+    """The cost model: False when speculation measures slower than plain decoding.
+
+    Args:
+        plain_step_s: median seconds of a plain decode step (T1).
+        spec_rounds, spec_s, spec_tokens, drafted: speculative rounds so far, their seconds
+            (drafting and verifying), the tokens they produced, and the tokens they drafted.
+    """
+    per_round = spec_s / spec_rounds
+    best_case = (drafted / spec_rounds + 1) * plain_step_s / per_round
+    measured = spec_tokens * plain_step_s / spec_s
+    return best_case >= 1.0 and (spec_rounds < COST_MODEL_WARMUP_ROUNDS or measured >= 1.0)
 
 
 @dataclass
@@ -119,11 +136,10 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
         if done:
             break
         k = schedule.next_k(k, len(drafts), n)
-        if active and schedule.cost_model and spec_rounds >= COST_MODEL_WARMUP_ROUNDS and plain_s:
-            plain_rate = 1.0 / sorted(plain_s)[len(plain_s) // 2]
-            if spec_tokens / spec_s < plain_rate:
-                active = False
-                stats.extra["speculation_off_after_tokens"] = len(new)
+        if active and schedule.cost_model and spec_rounds and plain_s and not speculation_pays(
+                sorted(plain_s)[len(plain_s) // 2], spec_rounds, spec_s, spec_tokens, stats.drafted_tokens):
+            active = False
+            stats.extra["speculation_off_after_tokens"] = len(new)
         width = min(k, limit - len(new) - 1) if active and (plain_s or not schedule.cost_model) else 0
         t0 = time.perf_counter()
         drafts, draft_probs = (drafter.propose(context, width, score, sample, schedule.confidence_threshold)

@@ -51,6 +51,8 @@ class SpeculativeConfig:
             raise ValueError(f"Unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}.")
         if self.mode == "draft" and not self.draft:
             raise ValueError("mode='draft' needs draft= (a draft model path or name).")
+        if self.num_assistant_tokens < 1:
+            raise ValueError(f"num_assistant_tokens must be >= 1, got {self.num_assistant_tokens}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
             raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
 

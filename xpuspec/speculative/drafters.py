@@ -3,9 +3,9 @@
 Interface: ``propose(context, k, score) -> (tokens, probs)``. ``score(prefix, logits)`` turns a
 drafter's raw logits ``[1, vocab]`` into the processed scores the target would use at that
 prefix (same repetition penalty, length rules, temperature, top-k, top-p), so that draft and
-target distributions are built identically. ``probs`` is ``[n, vocab]`` float32 (the draft
-distribution of each proposed token) for model drafters, or ``None`` for deterministic drafters
-(prompt lookup), whose proposals count as one-hot distributions in rejection sampling.
+target distributions are built identically. When sampling, ``probs`` is ``[n, vocab]`` float32
+(the draft distribution of each proposed token) for model drafters, or ``None`` for deterministic
+drafters (prompt lookup), whose proposals count as one-hot distributions in rejection sampling.
 """
 
 from abc import ABC, abstractmethod
@@ -37,7 +37,8 @@ class Drafter(ABC):
             threshold: stop when the draft's top probability falls below this (``assistant_confidence_threshold``).
 
         Returns:
-            ``(tokens, probs)``: 0..k token ids, and ``[len(tokens), vocab]`` probabilities or ``None``.
+            ``(tokens, probs)``: 0..k token ids, and ``[len(tokens), vocab]`` probabilities when
+            sampling with a model drafter, else ``None``.
         """
 
     def reset(self) -> None:
@@ -116,18 +117,23 @@ class ModelDrafter(Drafter):
         logits = self._sync(context)
         prefix = list(context)
         tokens, probs = [], []
+        need_probs = sample or threshold > 0
         for i in range(k):
-            p = torch.softmax(score(prefix, self._fit(logits)), dim=-1)[0]
-            token = int(torch.multinomial(p, 1)) if sample else int(p.argmax())
-            if threshold > 0 and tokens and float(p.max()) < threshold:
-                break
+            scored = score(prefix, self._fit(logits))
+            if need_probs:
+                p = torch.softmax(scored, dim=-1)[0]
+                token = int(torch.multinomial(p, 1)) if sample else int(p.argmax())
+                if threshold > 0 and tokens and float(p.max()) < threshold:
+                    break
+                probs.append(p)
+            else:
+                token = int(scored.argmax())
             tokens.append(token)
-            probs.append(p)
             prefix.append(token)
             if i + 1 < k:
                 logits = self.runner.forward([token])[-1:]
                 self.tokens.append(token)
-        return tokens, (torch.stack(probs) if probs else None)
+        return tokens, (torch.stack(probs) if sample and probs else None)
 
 
 class HybridDrafter(Drafter):
