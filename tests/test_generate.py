@@ -70,6 +70,9 @@ def test_call_returns_transformers_logits(ov_fp32, hf_model, tokenizer):
         ref = hf_model(ids).logits
     assert ours.shape == ref.shape and ours.dtype == torch.float32
     assert torch.allclose(ours, ref, atol=2e-3)
+    with torch.no_grad():
+        ref_loss = hf_model(ids, labels=ids).loss
+    assert abs(float(ov_fp32(ids, labels=ids).loss) - float(ref_loss)) < 1e-4
 
 
 def test_return_dict_scores_and_streamer(ov_fp32, tokenizer, hf_greedy):

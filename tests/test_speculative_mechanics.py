@@ -12,6 +12,15 @@ from xpuspec.speculative.verify import greedy_accept, rejection_sample
 from tiny import WORDS, tiny_model
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run thousands of microsecond-sized ops: spinning thread pools only slow them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     """A tiny target that drafts with another tiny model (k=2, constant, cost model off)."""

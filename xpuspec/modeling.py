@@ -12,12 +12,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .cache import atomic_folder
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
-from .decode import DraftSchedule, decode
+from .decode import decode
 from .generation import pack_output, resolve_generation_config
 from .lowbit import decoder_in_channels, resolve_low_bit
 from .sources import METADATA_FILE, ModelSource, resolve_source
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
-from .speculative.pairing import build_drafter, check_draft
+from .speculative.pairing import check_draft, plan_speculation
 
 log = logging.getLogger("xpuspec")
 
@@ -39,11 +39,6 @@ def _check_batch_one(input_ids: torch.Tensor, attention_mask: Optional[torch.Ten
     if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
         raise NotImplementedError("Padded input (zeros in attention_mask) is not supported at batch size 1; pass the prompt unpadded.")
     return input_ids
-
-
-def _first(*values):
-    """The first value that is not ``None`` (or ``False``)."""
-    return next(v for v in values if v is not None and v is not False)
 
 
 class XpuspecModelForCausalLM:
@@ -127,18 +122,10 @@ class XpuspecModelForCausalLM:
                 f"assistant_model must be an xpuspec model, got {type(assistant_model).__name__}; "
                 "load it with xpuspec.AutoModelForCausalLM.from_pretrained."
             )
-        spec = self.speculative_config if speculative is not False else None
-        drafter = None if speculative is False else build_drafter(
-            self, spec, assistant_model, prompt_lookup_num_tokens)
-        base = spec or SpeculativeConfig()
-        schedule = DraftSchedule(
-            num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens,
-                                        spec and spec.mode == "prompt_lookup" and spec.prompt_lookup_num_tokens,
-                                        base.num_assistant_tokens),
-            schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule),
-            confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
-            cost_model=base.cost_model,
-        )
+        drafter, schedule = plan_speculation(
+            self, None if speculative is False else self.speculative_config, speculative is not False,
+            assistant_model, prompt_lookup_num_tokens, num_assistant_tokens, num_assistant_tokens_schedule,
+            assistant_confidence_threshold)
         config = resolve_generation_config(self.generation_config, generation_config, kwargs)
         context = self._context_length()
         if context is not None and input_ids.shape[1] >= context:
@@ -153,22 +140,33 @@ class XpuspecModelForCausalLM:
         self.last_generate_stats = stats
         return pack_output(input_ids, new, scores, raw, config)
 
-    def __call__(self, input_ids=None, attention_mask=None, **kwargs) -> CausalLMOutputWithPast:
+    def __call__(self, input_ids=None, attention_mask=None, labels=None, past_key_values=None,
+                 use_cache=None, return_dict=None) -> CausalLMOutputWithPast:
         """One forward pass over the whole sequence, without past KV, like ``model(input_ids)``.
 
+        Args:
+            input_ids: LongTensor ``[1, seq_len]``.
+            labels: optional LongTensor ``[1, seq_len]``; -100 positions are ignored. As in
+                transformers, the loss is the mean next-token cross-entropy (labels shifted by one).
+
         Returns:
-            ``CausalLMOutputWithPast`` whose ``logits`` is float32 ``[1, seq_len, vocab_size]`` on the CPU.
+            ``CausalLMOutputWithPast`` with ``logits`` float32 ``[1, seq_len, vocab_size]`` on the CPU,
+            and ``loss`` (scalar float32) when ``labels`` is given.
 
         Raises:
             NotImplementedError: batch > 1, padding, or ``past_key_values`` given.
         """
-        if kwargs.get("past_key_values") is not None:
+        if past_key_values is not None:
             raise NotImplementedError("past_key_values is not supported; the runner manages its own KV cache.")
         input_ids = _check_batch_one(input_ids, attention_mask)
         self.runner.reset()
-        logits = self.runner.forward(input_ids[0].tolist())
+        logits = self.runner.forward(input_ids[0].tolist())[None]
         self.runner.reset()
-        return CausalLMOutputWithPast(logits=logits[None])
+        loss = None
+        if labels is not None:
+            loss = torch.nn.functional.cross_entropy(
+                logits[0, :-1], torch.as_tensor(labels).reshape(-1)[1:].to(torch.long), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
 
     forward = __call__
 

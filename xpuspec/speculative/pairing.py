@@ -2,7 +2,9 @@
 
 from functools import lru_cache
 
+from ..decode import DraftSchedule
 from ..errors import DraftMismatchError
+from .config import SpeculativeConfig
 from .drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 
 
@@ -43,12 +45,37 @@ def check_draft(target, draft) -> None:
             )
 
 
-def build_drafter(target, spec, assistant_model=None, prompt_lookup_num_tokens=None):
-    """The drafter for one request, or ``None`` for plain decoding.
+def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_lookup_num_tokens=None,
+                     num_assistant_tokens=None, num_assistant_tokens_schedule=None,
+                     assistant_confidence_threshold=None):
+    """The drafter and draft schedule for one ``generate`` call: ``(drafter or None, DraftSchedule)``.
 
-    ``assistant_model`` / ``prompt_lookup_num_tokens`` (generate's arguments) take precedence over
-    the model's :class:`SpeculativeConfig`; both together make a hybrid drafter.
+    ``generate``'s arguments take precedence over the model's :class:`SpeculativeConfig` ``spec``;
+    ``assistant_model`` with ``prompt_lookup_num_tokens`` makes a hybrid drafter. ``enabled=False``
+    (``generate(speculative=False)``) decodes plainly.
+
+    Raises:
+        DraftMismatchError: the assistant's vocabulary differs from the target's.
+        ValueError: an invalid draft length, schedule or threshold.
     """
+    base = spec or SpeculativeConfig()
+    lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode == "prompt_lookup" else None
+    schedule = DraftSchedule(
+        num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
+                                    base.num_assistant_tokens),
+        schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule),
+        confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
+        cost_model=base.cost_model,
+    )
+    drafter = _drafter(target, spec, assistant_model, prompt_lookup_num_tokens) if enabled else None
+    return drafter, schedule
+
+
+def _first(*values):
+    return next(v for v in values if v is not None)
+
+
+def _drafter(target, spec, assistant_model, prompt_lookup_num_tokens):
     ngram = spec.max_matching_ngram_size if spec else 2
     if assistant_model is not None:
         check_draft(target, assistant_model)
