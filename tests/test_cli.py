@@ -34,3 +34,10 @@ def test_npu_absent_gives_a_clear_error(smollm2_path):
     assert done.returncode == 2
     assert "error: Device 'npu' is not available on this machine. Available: cpu (openvino)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_bad_cli_input_gives_one_line_errors():
+    for args, phrase in [(["generate", ""], "The prompt is empty"),
+                         (["generate", "hi", "--num-assistant-tokens", "3"], "need --speculative MODE")]:
+        done = _cli(*args)
+        assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr

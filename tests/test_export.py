@@ -65,7 +65,7 @@ def test_force_replaces(exported, tmp_path):
 
 
 @pytest.mark.parametrize("args, phrase", [
-    (["--weight-format", "int3"], "Unknown low-bit format 'int3'"),
+    (["--weight-format", "int3"], "invalid choice: 'int3'"),
     (["--weight-format", "int4_asym", "--device", "npu"], "NPU runs INT4 weights only as symmetric"),
     (["--device", "tpu"], "Export targets OpenVINO devices"),
 ])

@@ -113,7 +113,21 @@ def test_sampling_processors_match_transformers(ov_fp32, hf_model, tokenizer):
     assert ov_fp32.generate(**ids, **greedy_pen)[0].tolist() == hf_model.generate(**ids, **greedy_pen)[0].tolist()
 
 
+def test_transformers_defaults_hold(ov_fp32, hf_model, tokenizer):
+    """No length given: transformers' max_length of 20; do_sample without a temperature works."""
+    ids = tokenizer(PROMPTS[0], return_tensors="pt")
+    assert ov_fp32.generate(**ids).tolist() == hf_model.generate(**ids, do_sample=False).tolist()
+    assert ov_fp32.generate(**ids, do_sample=True, max_new_tokens=3).shape[1] == ids.input_ids.shape[1] + 3
+
+
+def test_model_cannot_draft_for_itself(ov_fp32, tokenizer):
+    ids = tokenizer(PROMPTS[0], return_tensors="pt")
+    with pytest.raises(ValueError, match="share one KV cache"):
+        ov_fp32.generate(**ids, max_new_tokens=4, assistant_model=ov_fp32)
+
+
 @pytest.mark.parametrize("kwargs, error, phrase", [
+    (dict(max_new_tokens=1.5), TypeError, "max_new_tokens must be an integer"),
     (dict(max_new_tokens=0), ValueError, "max_new_tokens` must be greater than 0"),
     (dict(do_sample=True, temperature=0.0), ValueError, "temperature > 0"),
     (dict(num_beams=2), NotImplementedError, "Beam search"),

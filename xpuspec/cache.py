@@ -55,7 +55,10 @@ def atomic_folder(final: Path, overwrite: bool = False):
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             final.rename(old)
             tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink()
         else:
             tmp.rename(final)
     except BaseException:

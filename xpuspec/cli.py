@@ -33,6 +33,10 @@ def _generate(args) -> int:
 
     from .modeling import AutoModelForCausalLM, AutoTokenizer
 
+    if not args.prompt.strip():
+        raise ValueError("The prompt is empty; give some text to continue.")
+    if args.speculative is None and (args.draft_low_bit or args.draft_device or args.num_assistant_tokens is not None):
+        raise ValueError("--draft-low-bit, --draft-device and --num-assistant-tokens need --speculative MODE.")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(
         args.model, device=args.device, backend=args.backend,
@@ -47,7 +51,7 @@ def _generate(args) -> int:
     inputs = tokenizer(args.prompt, return_tensors="pt")
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) \
         if args.do_sample else dict(do_sample=False)
-    model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=TextStreamer(tokenizer), **sampling)
+    model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=TextStreamer(tokenizer, skip_special_tokens=True), **sampling)
     print(f"[{model.last_generate_stats.summary()}]")
     return 0
 
@@ -79,7 +83,8 @@ def _export(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xpuspec", description=__doc__)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        type=str.upper, help="logging level (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("devices", help="list devices and the backend serving each")
@@ -113,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write an OpenVINO IR folder (model and tokenizer)")
     p.add_argument("model")
     p.add_argument("output")
-    p.add_argument("--weight-format", default="int4_asym", help=f"one of {', '.join(FORMATS)} (default int4_asym)")
+    p.add_argument("--weight-format", default="int4_asym", choices=FORMATS, help="weight format (default int4_asym)")
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--ratio", type=float, default=None)
     p.add_argument("--awq", action="store_true")
@@ -131,7 +136,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="xpuspec: %(message)s")
     try:
         return args.run(args)
-    except (XpuspecError, NotImplementedError) as exc:
+    except (XpuspecError, NotImplementedError, ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -130,7 +130,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
             first = first or time.perf_counter()
             if streamer is not None:
                 streamer.put(torch.tensor([tok]))
-            if tok in stop or len(new) == limit:
+            if tok in stop or len(new) >= limit:
                 done = True
                 break
         if done:

@@ -34,6 +34,9 @@ UNSUPPORTED_FIELDS = (
 )
 
 
+#: New tokens transformers 5 generates when neither ``max_new_tokens`` nor ``max_length`` is set (measured).
+TRANSFORMERS_DEFAULT_NEW_TOKENS = 20
+
 #: Values that leave an option off, whatever its declared default.
 _OFF = (None, False, 0, [], ())
 
@@ -114,7 +117,9 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
         raise NotImplementedError(f"Beam search (num_beams={config.num_beams}) is not supported; use num_beams=1.")
     if (config.num_return_sequences or 1) > 1:
         raise NotImplementedError("num_return_sequences > 1 is not supported; call generate once per sequence.")
-    if config.do_sample and (config.temperature is None or config.temperature <= 0):
+    if config.max_new_tokens is not None and not isinstance(config.max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an integer, got {config.max_new_tokens!r}.")
+    if config.do_sample and config.temperature is not None and config.temperature <= 0:
         raise ValueError(
             f"do_sample=True needs temperature > 0, got {config.temperature}. For greedy decoding pass do_sample=False."
         )
@@ -147,9 +152,11 @@ def logits_processor(config: GenerationConfig, prompt_len: int) -> LogitsProcess
 
 
 def max_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
-    """``max_new_tokens``, else ``max_length - prompt_len`` (transformers' rule)."""
+    """``max_new_tokens``, else ``max_length - prompt_len``, else 20 new tokens (transformers 5's rule)."""
     if config.max_new_tokens is not None:
         return config.max_new_tokens
+    if config.max_length is None:
+        return TRANSFORMERS_DEFAULT_NEW_TOKENS
     return max(config.max_length - prompt_len, 0)
 
 

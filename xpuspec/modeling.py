@@ -122,6 +122,9 @@ class XpuspecModelForCausalLM:
                 f"assistant_model must be an xpuspec model, got {type(assistant_model).__name__}; "
                 "load it with xpuspec.AutoModelForCausalLM.from_pretrained."
             )
+        if assistant_model is not None and assistant_model.runner is self.runner:
+            raise ValueError("assistant_model is this model itself; they would share one KV cache. "
+                             "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative=True.")
         drafter, schedule = plan_speculation(
             self, None if speculative is False else self.speculative_config, speculative is not False,
             assistant_model, prompt_lookup_num_tokens, num_assistant_tokens, num_assistant_tokens_schedule,
