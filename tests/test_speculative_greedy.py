@@ -56,6 +56,16 @@ def test_hybrid_is_identical(int8_target, tokenizer):
     assert all(r.status == IDENTICAL for r in results)
 
 
+def test_layer_skip_draft_is_identical(smollm2_path, tokenizer):
+    """The int8 target drafting for itself without the calibrated layers (its draft is int8 too)."""
+    spec = SpeculativeConfig(mode="layer_skip", **ALWAYS)
+    target = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative=spec)
+    kept = target.draft_model.config.num_hidden_layers
+    assert 0 < kept < target.config.num_hidden_layers and target.draft_model.low_bit.format == "int8_asym"
+    results = _audit_all(target, tokenizer)
+    assert all(r.status == IDENTICAL for r in results)
+
+
 def test_torch_fp32_target_with_openvino_int4_draft_is_identical(smollm2_path, tokenizer):
     spec = SpeculativeConfig(mode="self", **ALWAYS)
     target = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", backend="torch", speculative=spec)
@@ -91,3 +101,28 @@ def test_rollback_equals_a_fresh_forward(smollm2_path, tokenizer, backend):
         runner.reset()
         fresh = runner.forward(prefix + drafts[:n] + probe)[-1]
         assert torch.allclose(after, fresh, atol=1e-3), (n, float((after - fresh).abs().max()))
+
+
+@pytest.mark.parametrize("max_dead_slots", [0, 3, 1000])
+def test_masked_rollback_over_many_rounds_equals_a_fresh_forward(smollm2_path, tokenizer, max_dead_slots):
+    """Rejected slots masked out round after round (holes inside the cache), with compaction
+    on every rollback (0), now and then (3: it gathers non-contiguous live slots) or never."""
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym")
+    runner = model.runner
+    runner.max_dead_slots = max_dead_slots
+    ids = tokenizer(PROMPTS_8[2] + "    for i in range(len(numbers)):\n        for j in range(i)").input_ids
+    prefix, rest = ids[:12], ids[12:]
+    runner.reset()
+    runner.forward(prefix)
+    live, dead_seen = list(prefix), 0
+    for keep, block in ((1, rest[0:4]), (3, rest[1:5]), (0, rest[4:6]), (2, rest[4:9])):
+        runner.forward(block)
+        runner.rollback(len(block) - keep)
+        live += block[:keep]
+        dead_seen = max(dead_seen, runner.dead_slots)
+        assert runner.length == len(live) and runner.dead_slots <= max_dead_slots
+    assert dead_seen == min(max_dead_slots, 3 + 1 + 2 + 3)
+    after = runner.forward(rest[9:11])
+    runner.reset()
+    fresh = runner.forward(live + rest[9:11])[-2:]
+    assert torch.allclose(after, fresh, atol=1e-3), float((after - fresh).abs().max())

@@ -7,13 +7,13 @@ import torch
 WORDS = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(13)]
 
 
-def tiny_model(folder: Path, seed: int, words=WORDS) -> Path:
-    """Write a 2-layer random Llama and its tokenizer to ``folder``; return it."""
+def tiny_model(folder: Path, seed: int, words=WORDS, layers: int = 2) -> Path:
+    """Write a random Llama with ``layers`` decoder layers and its tokenizer to ``folder``; return it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                          bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = LlamaForCausalLM(config)

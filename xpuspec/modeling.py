@@ -17,6 +17,7 @@ from .generation import pack_output, resolve_generation_config
 from .lowbit import decoder_in_channels, resolve_low_bit
 from .sources import METADATA_FILE, ModelSource, resolve_source
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
+from .speculative.layerskip import layer_skip_model
 from .speculative.pairing import check_draft, plan_speculation
 
 log = logging.getLogger("xpuspec")
@@ -236,10 +237,12 @@ class AutoModelForCausalLM:
             group_size, ratio, awq, scale_estimation: NNCF weight-compression parameters (INT4).
             ov_config: OpenVINO compile properties (optimum-intel's name).
             speculative: ``True`` or ``"self"`` (an INT4 copy of the model drafts, ipex-llm's
-                meaning), ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
+                meaning), ``"layer_skip"`` (the model without some layers drafts; the layers are
+                chosen by calibration and cached), ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
                 :class:`SpeculativeConfig`. ``generate`` then decodes speculatively; greedy output
                 stays token-identical to plain greedy decoding.
-            draft_low_bit: the draft's weight format (default ``int4_sym`` for self-speculation).
+            draft_low_bit: the draft's weight format (default ``int4_sym`` for self-speculation, the
+                model's own format for layer-skip).
             draft_device: the draft's device (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
             dtype, torch_dtype: ``torch.float16`` / ``torch.float32``, as a format when no low-bit one is given.
 
@@ -276,8 +279,8 @@ class AutoModelForCausalLM:
             if spec.uses_model:
                 draft_device_name = spec.resolved_draft_device or device_name
                 model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
-                    spec.draft or pretrained_model_name_or_path, device=draft_device_name,
-                    load_in_low_bit=spec.draft_low_bit or (DEFAULT_SELF_DRAFT_LOW_BIT if not spec.draft else None),
+                    _draft_source(spec, source, pretrained_model_name_or_path), device=draft_device_name,
+                    load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),
                     ov_config=ov_config,
                 )
                 check_draft(model, model.draft_model)
@@ -296,6 +299,20 @@ class AutoModelForCausalLM:
         if resolve_source(path).saved_low_bit is None:
             raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no low_bit in {METADATA_FILE}).")
         return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config)
+
+
+def _draft_source(spec: SpeculativeConfig, source, target_name):
+    """What the draft is loaded from: the draft model, the layer-skip folder, or the target itself."""
+    if spec.mode == "layer_skip":
+        return layer_skip_model(source, spec.skip_layers)
+    return spec.draft or target_name
+
+
+def _default_draft_low_bit(spec: SpeculativeConfig, target_low_bit):
+    """INT4 for a self-draft, the target's own format for layer-skip, the source's for a draft model."""
+    if spec.mode == "layer_skip":
+        return target_low_bit
+    return None if spec.draft else DEFAULT_SELF_DRAFT_LOW_BIT
 
 
 class AutoTokenizer:

@@ -1,16 +1,17 @@
 """SpeculativeConfig: which drafter, and how long its drafts are.
 
 ``from_pretrained(..., speculative=X)`` accepts ``True`` (self-speculation), ``"self"``,
-``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a :class:`SpeculativeConfig`.
+``"layer_skip"``, ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
+:class:`SpeculativeConfig`.
 """
 
 import os
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..errors import LowBitConfigError
 
-MODES = ("self", "prompt_lookup", "hybrid", "draft")
+MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
 #: Draft format of self-speculation: a low-bit copy of the target.
 DEFAULT_SELF_DRAFT_LOW_BIT = "int4_sym"
 DRAFT_DEVICE_ENV = "XPUSPEC_DRAFT_DEVICE"
@@ -21,11 +22,14 @@ class SpeculativeConfig:
     """Speculative-decoding settings (transformers' names where they exist).
 
     Attributes:
-        mode: ``"self"`` (low-bit copy of the target drafts), ``"prompt_lookup"`` (n-gram
+        mode: ``"self"`` (low-bit copy of the target drafts), ``"layer_skip"`` (the target
+            without some of its layers drafts; see :mod:`xpuspec.speculative.layerskip`), ``"prompt_lookup"`` (n-gram
             lookup, no model), ``"hybrid"`` (lookup when an n-gram matches, else the draft
             model) or ``"draft"`` (a separate draft model).
         draft: draft model path or name for ``"draft"`` (and optionally ``"hybrid"``).
-        draft_low_bit: weight format of the draft (default ``int4_sym`` for self-speculation).
+        draft_low_bit: weight format of the draft (default ``int4_sym`` for self-speculation, the
+            target's format for layer-skip).
+        skip_layers: decoder layers the layer-skip draft leaves out (default: chosen by calibration).
         draft_device: device of the draft (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
         num_assistant_tokens: initial draft length k per round.
         num_assistant_tokens_schedule: ``"heuristic"`` or ``"constant"``.
@@ -39,6 +43,7 @@ class SpeculativeConfig:
     draft: Optional[str] = None
     draft_low_bit: Optional[str] = None
     draft_device: Optional[str] = None
+    skip_layers: Optional[Tuple[int, ...]] = None
     num_assistant_tokens: int = 4
     num_assistant_tokens_schedule: str = "heuristic"
     assistant_confidence_threshold: float = 0.0
@@ -53,6 +58,8 @@ class SpeculativeConfig:
             raise ValueError("mode='draft' needs draft= (a draft model path or name).")
         if self.num_assistant_tokens < 1:
             raise ValueError(f"num_assistant_tokens must be >= 1, got {self.num_assistant_tokens}.")
+        if self.skip_layers is not None and self.mode != "layer_skip":
+            raise ValueError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
             raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
 
@@ -84,5 +91,5 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
         return SpeculativeConfig(mode=speculative, **overrides)
     if isinstance(speculative, (str, os.PathLike)):
         return SpeculativeConfig(mode="draft", draft=str(speculative), **overrides)
-    raise ValueError(f"speculative= takes True, 'self', 'prompt_lookup', 'hybrid', a draft path or a "
+    raise ValueError(f"speculative= takes True, 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft path or a "
                      f"SpeculativeConfig, not {speculative!r}.")
