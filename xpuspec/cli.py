@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--speculative", default=None, metavar="MODE",
-                   help="self | prompt_lookup | hybrid | a draft model path or name (default: plain decoding)")
-    p.add_argument("--draft-low-bit", default=None, choices=FORMATS, help="draft weight format (self: int4_sym)")
+                   help="self | layer_skip | prompt_lookup | hybrid | a draft model path or name (default: plain decoding)")
+    p.add_argument("--draft-low-bit", default=None, choices=FORMATS, help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
     p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4)")
     p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")

@@ -239,8 +239,11 @@ def layer_skip_model(source, skip: Optional[Sequence[int]] = None) -> Path:
     if not skip or any(not 0 <= i < n for i in skip) or len(skip) >= n:
         raise ModelSourceError(f"skip_layers={skip} must name 1 to {n - 1} of the layers 0..{n - 1} of {source.name!r}.")
     if plan:
-        log.info("layer-skip draft of %s skips %d of %d layers %s (calibrated agreement %.0f%%, predicted %.2fx at k=%d)",
-                 source.name, len(skip), n, skip, 100 * plan.agreement, plan.predicted_speedup, plan.num_assistant_tokens)
+        log.log(logging.INFO if plan.predicted_speedup >= 1 else logging.WARNING,
+                "layer-skip draft of %s skips %d of %d layers %s: calibrated agreement %.0f%%, predicted %.2fx at "
+                "k=%d%s", source.name, len(skip), n, skip, 100 * plan.agreement, plan.predicted_speedup,
+                plan.num_assistant_tokens, "" if plan.predicted_speedup >= 1 else
+                " (below 1: the cost model will likely switch speculation off; a smaller draft model may pay)")
 
     def build(tmp: Path) -> None:
         from transformers import AutoModelForCausalLM
