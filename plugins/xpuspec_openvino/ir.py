@@ -12,6 +12,7 @@ from pathlib import Path
 
 from xpuspec.cache import METADATA_FILE, cache_root, cached_folder, digest, folder_fingerprint, manifest_damage
 from xpuspec.errors import LowBitConfigError, ModelSourceError, UnsupportedArchitectureError
+from xpuspec.hf_folder import check_tokenizer_files
 from xpuspec.lowbit import LowBitConfig
 from xpuspec.sources import ModelSource
 
@@ -176,28 +177,20 @@ def prepare_ir(source: ModelSource, low_bit) -> Path:
     return cached_folder(folder, lambda tmp: _compress(source, base, low_bit, tmp))
 
 
-def ensure_tokenizer_files(folder: Path) -> None:
-    """Write ``openvino_tokenizer/detokenizer`` into an IR folder that lacks them, from its HF tokenizer.
+def ensure_tokenizer_files(folder: Path, name: str) -> None:
+    """Write ``openvino_tokenizer/detokenizer`` into an IR folder that lacks them, from its HF tokenizer
+    (``name``: the model it was made from, for the message).
 
     Raises:
         ModelSourceError: the folder has no Hugging Face tokenizer files either.
     """
     if all((folder / f).is_file() for f in TOKENIZER_FILES):
         return
-    from xpuspec.errors import ModelSourceError
-
-    try:
-        from transformers import AutoTokenizer
-
-        hf_tokenizer = AutoTokenizer.from_pretrained(folder)
-    except Exception as exc:
-        raise ModelSourceError(
-            f"{folder} has no tokenizer (neither openvino_tokenizer.xml nor tokenizer.json / tokenizer_config.json). "
-            "Copy the original model's tokenizer files into it."
-        ) from exc
     import openvino as ov
     from openvino_tokenizers import convert_tokenizer
+    from transformers import AutoTokenizer
 
-    tok, detok = convert_tokenizer(hf_tokenizer, with_detokenizer=True)
+    check_tokenizer_files(folder, name)
+    tok, detok = convert_tokenizer(AutoTokenizer.from_pretrained(folder), with_detokenizer=True)
     ov.save_model(tok, folder / "openvino_tokenizer.xml")
     ov.save_model(detok, folder / "openvino_detokenizer.xml")
