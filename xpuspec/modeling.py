@@ -258,8 +258,9 @@ class AutoModelForCausalLM:
         if low_bit is not None:
             low_bit.check_device(device_name)  # before any slow work
         source = resolve_source(pretrained_model_name_or_path)
+        config = source.config  # a config transformers cannot read fails here, before a backend loads
         if low_bit is not None:
-            low_bit = low_bit.fitted(decoder_in_channels(source.config), device_name)
+            low_bit = low_bit.fitted(decoder_in_channels(config), device_name)
         runner = chosen_backend.load(source, device_name, low_bit, ov_config=ov_config)
         if low_bit is None:
             low_bit = source.saved_low_bit
