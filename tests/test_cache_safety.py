@@ -20,6 +20,7 @@ from xpuspec.cache import MANIFEST_KEY, METADATA_FILE, read_metadata
 from xpuspec.sources import resolve_source
 from xpuspec_openvino.ir import base_ir
 
+from conftest import default_sigint
 from tiny import tiny_model
 
 IDS = torch.tensor([[1, 5, 6, 7]])
@@ -132,16 +133,11 @@ def test_damaged_exported_folder_gives_a_clear_error(tiny, cold_cache, tmp_path)
         AutoModelForCausalLM.from_pretrained(out, device="cpu")
 
 
-def _default_sigint():
-    """A child started from a non-interactive shell inherits an ignored SIGINT; restore the default."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_sigint_during_export_leaves_nothing_and_no_lock(tiny, cold_cache, tmp_path):
     out = tmp_path / "out" / "tiny-ir"
     out.parent.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "xpuspec", "export", str(tiny), str(out),
-                             "--weight-format", "int8_asym"], preexec_fn=_default_sigint,
+                             "--weight-format", "int8_asym"], preexec_fn=default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not list(out.parent.glob(".tiny-ir.tmp-*")):  # export has started writing

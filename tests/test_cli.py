@@ -9,7 +9,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from conftest import MODEL
+from conftest import MODEL, default_sigint
 
 
 def _cli(*args, env=None):
@@ -48,13 +48,8 @@ def test_bad_cli_input_gives_one_line_errors():
         assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr
 
 
-def _default_sigint():
-    """A child started from a non-interactive shell inherits an ignored SIGINT; restore the default."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_while_the_cli_imports_torch_exits_130_quietly():
-    proc = subprocess.Popen([sys.executable, "-m", "xpuspec", "generate", "hi"], preexec_fn=_default_sigint,
+    proc = subprocess.Popen([sys.executable, "-m", "xpuspec", "generate", "hi"], preexec_fn=default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 120
     while "libtorch" not in maps.read_text():  # torch's shared library is being loaded: mid-import
