@@ -172,6 +172,7 @@ class XpuspecModelForCausalLM:
 
         Raises:
             OutputExistsError: ``save_directory`` exists and is not empty, and ``force`` is false.
+            NotImplementedError: the model runs on the torch backend, which writes no IR (nothing is written).
         """
         out = Path(save_directory)
         if out.exists() and any(out.iterdir()) and not force:
