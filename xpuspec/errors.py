@@ -35,3 +35,20 @@ class OutputExistsError(XpuspecError, FileExistsError):
 
 class DraftMismatchError(XpuspecError, ValueError):
     """A draft model cannot draft for this target: another vocabulary or other special tokens."""
+
+
+class InvalidInputError(XpuspecError, ValueError):
+    """``input_ids`` or ``attention_mask`` is malformed: empty, not integer ids, ids outside the
+    vocabulary, or a mask whose shape differs from the ids'."""
+
+
+class PromptTooLongError(InvalidInputError):
+    """The prompt does not fit the model's context, or the NPU's static prompt window."""
+
+
+class GenerationConfigError(XpuspecError, ValueError):
+    """A generation argument has an invalid value (``max_new_tokens < 1``, sampling at temperature 0, ...)."""
+
+
+class UnsupportedArchitectureError(XpuspecError, ValueError):
+    """The model's architecture cannot be exported to OpenVINO IR by the installed optimum-intel."""

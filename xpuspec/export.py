@@ -8,7 +8,7 @@ only with ``force``.
 from pathlib import Path
 from typing import Optional
 
-from .cache import atomic_folder
+from .cache import atomic_folder, write_manifest
 from .devices import backends
 from .errors import BackendUnavailableError, DeviceNotFoundError, OutputExistsError
 from .lowbit import LowBitConfig, decoder_in_channels
@@ -53,4 +53,5 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
     low_bit = low_bit.fitted(decoder_in_channels(source.config), device)
     with atomic_folder(out, overwrite=force) as tmp:
         exporters[0].export_ir(source, tmp, low_bit, device.lower())
+        write_manifest(tmp)
     return out

@@ -22,6 +22,8 @@ from transformers.generation import (
     TopPLogitsWarper,
 )
 
+from .errors import GenerationConfigError
+
 
 #: GenerationConfig fields xpuspec does not implement; setting one away from its default raises.
 UNSUPPORTED_FIELDS = (
@@ -102,10 +104,19 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
     Raises:
         TypeError: a keyword is not a generation argument.
         NotImplementedError: beams, several return sequences, or a field in :data:`UNSUPPORTED_FIELDS`.
-        ValueError: ``max_new_tokens < 1`` (transformers' own check), or ``do_sample`` with ``temperature <= 0``.
+        GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``, or another
+            value transformers' ``GenerationConfig`` refuses.
     """
     config = copy.deepcopy(generation_config if generation_config is not None else base)
-    unused = config.update(**kwargs)
+    wanted = kwargs.get("max_new_tokens")
+    if isinstance(wanted, int) and wanted < 1:
+        raise GenerationConfigError(
+            f"max_new_tokens must be at least 1, got {wanted}; ask for one or more new tokens "
+            "(to score a prompt without generating, call the model: model(input_ids).logits).")
+    try:
+        unused = config.update(**kwargs)
+    except ValueError as exc:  # transformers' own validation of a value
+        raise GenerationConfigError(f"Invalid generation argument: {exc}") from exc
     if unused:
         raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(sorted(unused))}.")
     defaults = GenerationConfig()
@@ -120,7 +131,7 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
     if config.max_new_tokens is not None and not isinstance(config.max_new_tokens, int):
         raise TypeError(f"max_new_tokens must be an integer, got {config.max_new_tokens!r}.")
     if config.do_sample and config.temperature is not None and config.temperature <= 0:
-        raise ValueError(
+        raise GenerationConfigError(
             f"do_sample=True needs temperature > 0, got {config.temperature}. For greedy decoding pass do_sample=False."
         )
     return config

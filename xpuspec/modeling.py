@@ -9,13 +9,15 @@ import torch
 from transformers import GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .cache import atomic_folder
+from .cache import METADATA_FILE, atomic_folder, read_metadata
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
 from .decode import decode
 from .generation import pack_output, resolve_generation_config
+from .hf_folder import check_tokenizer_files
+from .inputs import check_fits, check_input_ids, clamp_to_context
 from .lowbit import decoder_in_channels, resolve_low_bit
-from .sources import METADATA_FILE, ModelSource, resolve_source
+from .sources import ModelSource, resolve_source
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_model
 from .speculative.pairing import check_draft, plan_speculation
@@ -23,23 +25,6 @@ from .speculative.pairing import check_draft, plan_speculation
 log = logging.getLogger("xpuspec")
 
 _DTYPE_FORMATS = {torch.float32: "fp32", torch.float16: "fp16", "float32": "fp32", "float16": "fp16"}
-
-
-def _check_batch_one(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    if input_ids is None:
-        raise ValueError("input_ids is required: pass the tokenizer's output, e.g. generate(**tok(prompt, return_tensors='pt')).")
-    input_ids = torch.as_tensor(input_ids)
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"xpuspec runs batch size 1; got a batch of {input_ids.shape[0]}. Call generate once per prompt."
-        )
-    if input_ids.shape[1] == 0:
-        raise ValueError("The prompt is empty: input_ids has no tokens. Give at least one token.")
-    if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
-        raise NotImplementedError("Padded input (zeros in attention_mask) is not supported at batch size 1; pass the prompt unpadded.")
-    return input_ids
 
 
 class XpuspecModelForCausalLM:
@@ -83,7 +68,9 @@ class XpuspecModelForCausalLM:
         return True
 
     def _context_length(self) -> Optional[int]:
-        return getattr(self.config, "max_position_embeddings", None)
+        """Tokens the model can hold: ``max_position_embeddings``, or less where the runner's KV cache is smaller."""
+        limits = [n for n in (getattr(self.config, "max_position_embeddings", None), self.runner.max_length) if n]
+        return min(limits) if limits else None
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, streamer=None,
                  assistant_model=None, prompt_lookup_num_tokens=None, num_assistant_tokens=None,
@@ -110,14 +97,19 @@ class XpuspecModelForCausalLM:
             LongTensor ``[1, prompt_len + new_tokens]`` (int64, CPU), or
             ``transformers.generation.GenerateDecoderOnlyOutput`` when ``return_dict_in_generate=True``.
 
+        If the prompt plus ``max_new_tokens`` passes the model's context, generation stops at the
+        context (fewer new tokens) and one warning is logged.
+
         Raises:
-            ValueError: empty prompt, prompt longer than the context, ``max_new_tokens < 1``,
-                ``do_sample`` with ``temperature <= 0``.
+            InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,
+                an ``attention_mask`` of another shape.
+            PromptTooLongError: the prompt leaves no room in the context, or passes the NPU prompt window.
+            GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``.
             NotImplementedError: batch > 1, padding, beams, or an unimplemented generation option.
             TypeError: an unknown keyword argument, or an assistant_model that is not an xpuspec model.
             DraftMismatchError: the assistant's vocabulary differs from this model's.
         """
-        input_ids = _check_batch_one(input_ids, attention_mask)
+        input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)
         if assistant_model is not None and not isinstance(assistant_model, XpuspecModelForCausalLM):
             raise TypeError(
                 f"assistant_model must be an xpuspec model, got {type(assistant_model).__name__}; "
@@ -132,10 +124,8 @@ class XpuspecModelForCausalLM:
             assistant_confidence_threshold)
         config = resolve_generation_config(self.generation_config, generation_config, kwargs)
         context = self._context_length()
-        if context is not None and input_ids.shape[1] >= context:
-            raise ValueError(
-                f"The prompt has {input_ids.shape[1]} tokens but the model's context is {context}; shorten the prompt."
-            )
+        check_fits(input_ids.shape[1], context, self.runner.max_prompt_len, self.device_name)
+        clamp_to_context(config, input_ids.shape[1], context)
         if streamer is not None:
             streamer.put(input_ids.cpu())
         new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer, drafter, schedule)
@@ -158,11 +148,15 @@ class XpuspecModelForCausalLM:
             and ``loss`` (scalar float32) when ``labels`` is given.
 
         Raises:
+            InvalidInputError: as for :meth:`generate`.
+            PromptTooLongError: more tokens than the model's context (or the NPU prompt window).
             NotImplementedError: batch > 1, padding, or ``past_key_values`` given.
         """
         if past_key_values is not None:
             raise NotImplementedError("past_key_values is not supported; the runner manages its own KV cache.")
-        input_ids = _check_batch_one(input_ids, attention_mask)
+        input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)
+        check_fits(input_ids.shape[1], self._context_length(), self.runner.max_prompt_len, self.device_name,
+                   room_for_next=False)
         self.runner.reset()
         logits = self.runner.forward(input_ids[0].tolist())[None]
         self.runner.reset()
@@ -179,13 +173,14 @@ class XpuspecModelForCausalLM:
 
         Raises:
             OutputExistsError: ``save_directory`` exists and is not empty, and ``force`` is false.
+            NotImplementedError: the model runs on the torch backend, which writes no IR (nothing is written).
         """
         out = Path(save_directory)
         if out.exists() and any(out.iterdir()) and not force:
             raise OutputExistsError(f"{out} is not empty; pass force=True to replace it.")
         with atomic_folder(out, overwrite=True) as tmp:
             self.backend.save_low_bit(self.runner, tmp)
-            meta = json.loads((tmp / METADATA_FILE).read_text()) if (tmp / METADATA_FILE).is_file() else {}
+            meta = read_metadata(tmp)
             meta.update(source=self.name_or_path, low_bit=(self.low_bit.as_dict() if self.low_bit else {"format": "fp32"}))
             (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2))
         return out
@@ -228,7 +223,7 @@ class AutoModelForCausalLM:
         Args:
             pretrained_model_name_or_path: a built-in name (``"smollm2-135m-instruct"``), a local
                 Hugging Face folder, an OpenVINO IR folder, or a hub id.
-            device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"`` or ``"auto"``;
+            device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"``, ``"auto"`` or a ``torch.device``;
                 default ``$XPUSPEC_DEVICE``, else ``"auto"``.
             backend: force a backend by entry-point name (``"openvino"``, ``"torch"``).
             load_in_low_bit: ``"int4_sym"``, ``"int4_asym"``, ``"int8_sym"``, ``"int8_asym"``, ``"fp16"``,
@@ -267,8 +262,9 @@ class AutoModelForCausalLM:
         if low_bit is not None:
             low_bit.check_device(device_name)  # before any slow work
         source = resolve_source(pretrained_model_name_or_path)
+        config = source.config  # a config transformers cannot read fails here, before a backend loads
         if low_bit is not None:
-            low_bit = low_bit.fitted(decoder_in_channels(source.config), device_name)
+            low_bit = low_bit.fitted(decoder_in_channels(config), device_name)
         runner = chosen_backend.load(source, device_name, low_bit, ov_config=ov_config)
         if low_bit is None:
             low_bit = source.saved_low_bit
@@ -323,8 +319,13 @@ class AutoTokenizer:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """Return ``transformers.AutoTokenizer.from_pretrained`` on the resolved folder."""
+        """Return ``transformers.AutoTokenizer.from_pretrained`` on the resolved folder.
+
+        Raises:
+            ModelSourceError: the model cannot be found, or its folder has no tokenizer files.
+        """
         from transformers import AutoTokenizer as HFAutoTokenizer
 
         source = resolve_source(pretrained_model_name_or_path)
+        check_tokenizer_files(source.path, source.name)
         return HFAutoTokenizer.from_pretrained(source.path, *args, **kwargs)

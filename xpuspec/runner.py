@@ -4,7 +4,7 @@ The decode loop talks only to this interface; it knows nothing of OpenVINO or to
 """
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -17,11 +17,15 @@ class Runner(ABC):
         vocab_size: rows of the logits (may exceed the tokenizer's vocabulary when padded).
         weight_bytes: bytes of weights held by this runner.
         length: tokens currently in the KV cache.
+        max_length: tokens the KV cache can hold, when the backend fixes it (NPU); else ``None``.
+        max_prompt_len: longest prompt one prefill takes, when the backend fixes it (NPU); else ``None``.
     """
 
     device: str
     vocab_size: int
     weight_bytes: int
+    max_length: Optional[int] = None
+    max_prompt_len: Optional[int] = None
 
     @property
     @abstractmethod

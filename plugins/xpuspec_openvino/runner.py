@@ -22,6 +22,8 @@ import torch
 
 from xpuspec.runner import Runner
 
+from .ir import MODEL_BIN, read_ir
+
 SEQ_AXIS = 2
 #: Dead (masked-out) slots allowed in the KV cache before it is compacted.
 MAX_DEAD_SLOTS = 64
@@ -43,10 +45,13 @@ class OpenVINORunner(Runner):
         self.folder = Path(folder)
         self.device = device
         self.config = dict(config)
-        model = core.read_model(self.folder / "openvino_model.xml")
+        model = read_ir(core, self.folder)
         self._inputs = {i.any_name for i in model.inputs}
         self.vocab_size = int(model.output("logits").partial_shape[-1].get_length())
-        self.weight_bytes = (self.folder / "openvino_model.bin").stat().st_size
+        self.weight_bytes = (self.folder / MODEL_BIN).stat().st_size
+        if device.startswith("npu"):  # NPUW_LLM compiles static prompt and response windows
+            self.max_prompt_len = int(self.config["NPUW_LLM_MAX_PROMPT_LEN"])
+            self.max_length = self.max_prompt_len + int(self.config["NPUW_LLM_MIN_RESPONSE_LEN"])
         self.compiled = core.compile_model(model, device.upper(), self.config)
         self.request = self.compiled.create_infer_request()
         self.max_dead_slots = max_dead_slots if "attention_mask" in self._inputs else 0

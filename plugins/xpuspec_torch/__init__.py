@@ -57,3 +57,13 @@ class TorchBackend(Backend):
             )
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtypes[fmt]).to(device).eval()
         return TorchRunner(model, device)
+
+    def save_low_bit(self, runner, folder) -> None:
+        """Refused: ``save_low_bit`` writes OpenVINO IR, and NNCF-compressed torch weights do not survive
+        transformers' ``save_pretrained`` (their uint8 values reload as float32 0..255)."""
+        raise NotImplementedError(
+            "The torch backend cannot save_low_bit: it runs fp32/fp16 weights only and writes no IR, and xpuspec "
+            "does not ship NNCF-compressed torch checkpoints. Load the model with backend='openvino' to save it, "
+            "or keep the original Hugging Face folder for the torch backend."
+        )
+

@@ -1,0 +1,150 @@
+"""Bad input: each kind raises one exception type, before any model runs, with a message that names
+the fix. Generation cases run on SmolLM2 (OpenVINO fp32); model-folder cases on tiny models."""
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+
+from xpuspec import (AutoModelForCausalLM, AutoTokenizer, DeviceNotFoundError, DraftMismatchError,
+                     GenerationConfigError, InvalidInputError, ModelSourceError, PromptTooLongError,
+                     UnsupportedArchitectureError, export)
+from xpuspec.devices import resolve_device
+
+from tiny import tiny_model
+
+IDS = torch.tensor([[1, 1604, 3987, 46477, 24, 94, 727]])  # "def fibonacci(n):" in SmolLM2's tokenizer
+
+
+@pytest.mark.parametrize("kwargs, error, phrase", [
+    (dict(input_ids=torch.zeros((1, 0), dtype=torch.long)), InvalidInputError, "The prompt is empty"),
+    (dict(input_ids=torch.tensor([[1, 49152]])), InvalidInputError,
+     r"token id 49152, outside this model's vocabulary \(0..49151\); encode the prompt with this model's own"),
+    (dict(input_ids=torch.tensor([[1, -1]])), InvalidInputError, "token id -1, outside"),
+    (dict(input_ids=IDS.float()), InvalidInputError, "must be integer token ids, got dtype torch.float32"),
+    (dict(input_ids="def fibonacci(n):"), InvalidInputError, "tokenize the text first"),
+    (dict(input_ids=IDS, attention_mask=torch.ones((1, 3))), InvalidInputError,
+     r"attention_mask has shape \(1, 3\) but input_ids has \(1, 7\); pass the mask the tokenizer returned"),
+    (dict(input_ids=IDS, max_new_tokens=0), GenerationConfigError, "max_new_tokens must be at least 1, got 0"),
+    (dict(input_ids=IDS, max_new_tokens=-5), GenerationConfigError, "max_new_tokens must be at least 1, got -5"),
+    (dict(input_ids=IDS, do_sample=True, temperature=0.0), GenerationConfigError,
+     "needs temperature > 0, got 0.0. For greedy decoding pass do_sample=False"),
+    (dict(input_ids=torch.ones((1, 8192), dtype=torch.long)), PromptTooLongError,
+     r"8192 tokens but the model's context is 8192 \(and one token must fit after it\); shorten the prompt"),
+])
+def test_bad_generate_input(ov_fp32, kwargs, error, phrase):
+    with pytest.raises(error, match=phrase):
+        ov_fp32.generate(**{"max_new_tokens": 4, **kwargs})
+
+
+def test_bad_forward_input(ov_fp32):
+    with pytest.raises(InvalidInputError, match="token id 49152"):
+        ov_fp32(torch.tensor([[1, 49152]]))
+    with pytest.raises(PromptTooLongError, match="8193 tokens but the model's context is 8192; shorten"):
+        ov_fp32(torch.ones((1, 8193), dtype=torch.long))
+
+
+def test_prompt_longer_than_the_npu_window(ov_fp32, monkeypatch):
+    monkeypatch.setattr(ov_fp32.runner, "max_prompt_len", 4)  # what an NPU runner sets (NPUW_LLM_MAX_PROMPT_LEN)
+    with pytest.raises(PromptTooLongError, match=r"7 tokens but cpu takes at most 4 .*NPUW_LLM_MAX_PROMPT_LEN"):
+        ov_fp32.generate(IDS, max_new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_torch(tiny):
+    return AutoModelForCausalLM.from_pretrained(tiny, device=torch.device("cpu"), backend="torch")
+
+
+def test_generation_stops_exactly_at_the_context_with_one_warning(tiny_torch, caplog):
+    prompt = torch.randint(3, 16, (1, 120), generator=torch.Generator().manual_seed(0))
+    with caplog.at_level(logging.WARNING, logger="xpuspec"):
+        out = tiny_torch.generate(prompt, max_new_tokens=20, min_new_tokens=20)
+    assert out.shape == (1, 128)  # context 128: 8 new tokens, not 20
+    assert [r.getMessage() for r in caplog.records] == [
+        "The prompt (120 tokens) plus max_new_tokens (20) exceed the model's context (128 tokens); "
+        "generation stops at the context, after at most 8 new tokens."]
+
+
+def test_torch_device_objects_are_accepted(tiny_torch):
+    assert tiny_torch.device_name == "cpu"  # loaded with device=torch.device("cpu")
+    assert resolve_device(torch.device("cpu"))[1] == "cpu"
+    with pytest.raises(DeviceNotFoundError, match="Unknown device 'cuda'"):
+        resolve_device(torch.device("cuda"))
+    with pytest.raises(DeviceNotFoundError, match="device must be a name such as 'cpu'.*or a torch.device; got 0"):
+        resolve_device(0)
+
+
+def test_device_typo_in_the_environment_suggests_the_closest(monkeypatch):
+    monkeypatch.setenv("XPUSPEC_DEVICE", "gpuu")
+    with pytest.raises(DeviceNotFoundError, match="Unknown device 'gpuu'. Did you mean 'gpu'?"):
+        resolve_device()
+
+
+@pytest.mark.parametrize("field", ["eos_token_id", "bos_token_id"])
+def test_draft_with_other_special_tokens_is_refused(tiny_torch, tmp_path, field):
+    draft = tiny_model(tmp_path / "draft", seed=2)
+    config_file = draft / "generation_config.json"
+    config = json.loads(config_file.read_text())
+    config[field] = 3
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(DraftMismatchError, match=f"has {field}=3 but the target has {1 if field[0] == 'b' else 2}"):
+        tiny_torch.generate(torch.tensor([[1, 5]]), max_new_tokens=2,
+                            assistant_model=AutoModelForCausalLM.from_pretrained(draft, backend="torch"))
+
+
+def _broken(tiny, tmp_path, damage):
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny, folder)
+    damage(folder)
+    return folder
+
+
+def _truncate(path):
+    os.truncate(path, path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize("damage, phrase", [
+    (lambda f: (f / "config.json").write_text("{not json"), "config.json is not valid JSON"),
+    (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json has no model_type"),
+    (lambda f: (f / "model.safetensors").unlink(), r"has config.json but no weights \(model.safetensors"),
+    (lambda f: _truncate(f / "model.safetensors"), r"model.safetensors is truncated: \d+ bytes, \d+ expected"),
+    (lambda f: (f / "model.safetensors").write_bytes(b"\x00" * 4), "model.safetensors is not a safetensors file"),
+    (lambda f: (f / "config.json").write_text('{"model_type": "no-such-model"}'),
+     "transformers cannot read the config of"),
+])
+def test_broken_model_folder(tiny, tmp_path, damage, phrase):
+    folder = _broken(tiny, tmp_path, damage)
+    with pytest.raises(ModelSourceError, match=phrase):
+        AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="torch")
+
+
+def test_ir_folder_without_tokenizer(tmp_path):
+    (tmp_path / "openvino_model.xml").write_text("<net/>")
+    with pytest.raises(ModelSourceError, match=r"has no tokenizer \(none of tokenizer.json.*Copy tokenizer.json"):
+        AutoTokenizer.from_pretrained(tmp_path)
+
+
+def test_unsupported_architecture_is_refused_on_openvino_and_runs_on_torch(tmp_path, monkeypatch):
+    from transformers import HeliumConfig, HeliumForCausalLM
+
+    monkeypatch.setenv("XPUSPEC_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    HeliumForCausalLM(HeliumConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                   max_position_embeddings=64)).save_pretrained(tmp_path / "helium")
+    phrase = r"cannot export architecture 'helium' to OpenVINO IR.*backend='torch'"
+    with pytest.raises(UnsupportedArchitectureError, match=phrase):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "helium", device="cpu")
+    with pytest.raises(UnsupportedArchitectureError, match=phrase):
+        export(tmp_path / "helium", tmp_path / "out", weight_format="int8_asym")
+    assert not (tmp_path / "out").exists()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "helium", device="cpu", backend="torch")
+    assert model.generate(torch.tensor([[1, 5]]), max_new_tokens=3).shape == (1, 5)

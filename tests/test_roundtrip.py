@@ -1,0 +1,52 @@
+"""Round trips: save_low_bit -> load_low_bit and export -> from_pretrained give bit-identical logits
+for every format on SmolLM2 (compressed IRs come from the cache); the torch backend refuses to
+save or to take NNCF formats, with the fix in the message."""
+
+import pytest
+import torch
+
+from xpuspec import FORMATS, AutoModelForCausalLM, LowBitConfigError, OutputExistsError, export
+
+from conftest import MODEL
+from tiny import tiny_model
+
+#: One short prompt: "def fibonacci(n):" in SmolLM2's tokenizer.
+PROMPT_IDS = torch.tensor([[1, 1604, 3987, 46477, 24, 94, 727]])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_save_and_export_round_trips_are_bit_identical(smollm2_path, tmp_path, fmt):
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit=fmt)
+    reference = model(PROMPT_IDS).logits
+    saved = AutoModelForCausalLM.load_low_bit(model.save_low_bit(tmp_path / "saved"), device="cpu")
+    exported = AutoModelForCausalLM.from_pretrained(export(MODEL, tmp_path / "exported", weight_format=fmt),
+                                                    device="cpu")
+    for again in (saved, exported):
+        assert again.low_bit == model.low_bit
+        assert torch.equal(again(PROMPT_IDS).logits, reference)
+    assert reference.abs().max() > 1  # real logits, not an empty or zero tensor
+    with pytest.raises(OutputExistsError, match="pass force=True"):
+        model.save_low_bit(tmp_path / "saved")
+    if fmt != "fp32":
+        other = "int8_asym" if fmt != "int8_asym" else "int4_sym"
+        with pytest.raises(LowBitConfigError, match=f"already compressed to {fmt}"):
+            AutoModelForCausalLM.from_pretrained(tmp_path / "saved", load_in_low_bit=other)
+
+
+@pytest.fixture(scope="module")
+def tiny_torch(tmp_path_factory):
+    return AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=1),
+                                                device="cpu", backend="torch")
+
+
+def test_torch_backend_refuses_to_save_low_bit(tiny_torch, tmp_path):
+    with pytest.raises(NotImplementedError, match="does not ship NNCF-compressed torch checkpoints.*backend='openvino'"):
+        tiny_torch.save_low_bit(tmp_path / "out")
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", ["int8_asym", "int4_sym"])
+def test_torch_backend_refuses_nncf_formats(tiny_torch, fmt):
+    with pytest.raises(LowBitConfigError, match=f"runs fp32 and fp16 only, not {fmt}.*backend='openvino'"):
+        AutoModelForCausalLM.from_pretrained(tiny_torch.source.path, device="cpu", backend="torch",
+                                             load_in_low_bit=fmt)
