@@ -9,8 +9,13 @@ Adaptive draft length: the heuristic schedule (+2 after a full accept, -1 otherw
 transformers) and a cost model that turns speculation off for the rest of the request. With
 T1 the time of a plain step, and k*H + T_k the measured time of a speculative round (k drafts
 at H each, one k-token verify), the speed-up is tau * T1 / (k*H + T_k) for tau tokens gained per
-round. Speculation stops after its first round if even a full accept (tau = k + 1) cannot pay,
-and after a few rounds if the measured tau does not.
+round. T1 is timed on the first plain steps of each request. Speculation stops after its first
+round if even a full accept (tau = k + 1) cannot pay, and after a few rounds if the measured tau
+does not.
+
+On a target that prefers a fixed verify width (OpenVINO, where a new input length costs 8-14 ms),
+every speculative round feeds the widest verify input seen so far, padded with a repeated token
+whose KV slots are rolled back at once; a round without drafts then counts as a speculative round.
 """
 
 import time
@@ -27,6 +32,9 @@ from .speculative.verify import greedy_accept, rejection_sample
 
 #: Speculative rounds measured before the cost model judges the measured acceptance.
 COST_MODEL_WARMUP_ROUNDS = 3
+#: Plain decode steps timed first, so the cost model knows T1; the fastest counts (the first
+#: step after prefill pays the change of input length).
+PLAIN_WARMUP_ROUNDS = 2
 
 
 def speculation_pays(plain_step_s: float, spec_rounds: int, spec_s: float, spec_tokens: int,
@@ -34,7 +42,7 @@ def speculation_pays(plain_step_s: float, spec_rounds: int, spec_s: float, spec_
     """The cost model: False when speculation measures slower than plain decoding.
 
     Args:
-        plain_step_s: median seconds of a plain decode step (T1).
+        plain_step_s: seconds of a plain decode step (T1).
         spec_rounds, spec_s, spec_tokens, drafted: speculative rounds so far, their seconds
             (drafting and verifying), the tokens they produced, and the tokens they drafted.
     """
@@ -99,6 +107,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     context, new, scores, raw = list(prompt), [], [], []
     plain_s, spec_s, spec_tokens, spec_rounds, round_s = [], 0.0, 0, 0, 0.0
     k, active, first = schedule.num_assistant_tokens, drafter is not None, None
+    pad_to = 0  # the widest verify pass so far, when the target prefers a fixed width
 
     def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
         return processors(torch.tensor([prefix]), logits)
@@ -106,7 +115,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     target.reset()
     if drafter is not None:
         drafter.reset()
-    rows, drafts, draft_probs = target.forward(prompt)[-1:], [], None
+    rows, drafts, draft_probs, speculative_round = target.forward(prompt)[-1:], [], None, False
     stats.target_forwards = 1
     while limit > 0:
         scored = torch.cat([score(context + drafts[:i], rows[i:i + 1]) for i in range(len(drafts) + 1)])
@@ -114,7 +123,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
             n, token = rejection_sample(drafts, draft_probs, torch.softmax(scored, dim=-1))
         else:
             n, token = greedy_accept(drafts, scored)
-        if drafts:
+        if speculative_round:
             spec_rounds, spec_s, spec_tokens = spec_rounds + 1, spec_s + round_s, spec_tokens + n + 1
         target.rollback(len(drafts) - n)
         stats.drafted_tokens += len(drafts)
@@ -136,22 +145,30 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
         if done:
             break
         k = schedule.next_k(k, len(drafts), n)
-        if active and schedule.cost_model and spec_rounds and plain_s and not speculation_pays(
-                sorted(plain_s)[len(plain_s) // 2], spec_rounds, spec_s, spec_tokens, stats.drafted_tokens):
+        if active and schedule.cost_model and spec_rounds and not speculation_pays(
+                min(plain_s), spec_rounds, spec_s, spec_tokens, stats.drafted_tokens):
             active = False
             stats.extra["speculation_off_after_tokens"] = len(new)
-        width = min(k, limit - len(new) - 1) if active and (plain_s or not schedule.cost_model) else 0
+        measuring = schedule.cost_model and len(plain_s) < PLAIN_WARMUP_ROUNDS
+        width = min(k, limit - len(new) - 1) if active and not measuring else 0
         t0 = time.perf_counter()
         drafts, draft_probs = (drafter.propose(context, width, score, sample, schedule.confidence_threshold)
                                if width > 0 else ([], None))
         t1 = time.perf_counter()
-        rows = target.forward([context[-1]] + drafts)
+        verify = [context[-1]] + drafts
+        padding = 0
+        if target.fixed_verify_width and active and not measuring:  # one input length for all speculative rounds
+            pad_to = max(pad_to, len(verify))
+            padding = pad_to - len(verify)
+        rows = target.forward(verify + [verify[-1]] * padding)[:len(verify)]
+        target.rollback(padding)
         t2 = time.perf_counter()
         stats.target_forwards += 1
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         round_s = t2 - t0
-        if not drafts:
+        speculative_round = bool(drafts or padding)
+        if not speculative_round:
             plain_s.append(round_s)
     end = time.perf_counter()
     stats.new_tokens = len(new)

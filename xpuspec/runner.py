@@ -19,6 +19,9 @@ class Runner(ABC):
         length: tokens currently in the KV cache.
         max_length: tokens the KV cache can hold, when the backend fixes it (NPU); else ``None``.
         max_prompt_len: longest prompt one prefill takes, when the backend fixes it (NPU); else ``None``.
+        fixed_verify_width: pad speculative verify passes to one width: changing the input length
+            costs this backend more than the padding (OpenVINO CPU: 8-14 ms per change, measured),
+            and its rollback of the padding is free.
     """
 
     device: str
@@ -26,6 +29,7 @@ class Runner(ABC):
     weight_bytes: int
     max_length: Optional[int] = None
     max_prompt_len: Optional[int] = None
+    fixed_verify_width: bool = False
 
     @property
     @abstractmethod

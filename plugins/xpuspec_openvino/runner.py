@@ -32,6 +32,10 @@ MAX_DEAD_SLOTS = 64
 class OpenVINORunner(Runner):
     """One compiled stateful IR and its infer request (batch size 1).
 
+    Padded verify passes (``fixed_verify_width``) pay off here because a new input length costs
+    the CPU plugin a re-preparation (measured 8-14 ms, ../shared/OPENVINO-NOTES.md) while the
+    padding is masked out for free.
+
     Args:
         core: the ``openvino.Core`` to compile with.
         folder: IR folder holding ``openvino_model.xml/.bin``.
@@ -55,6 +59,7 @@ class OpenVINORunner(Runner):
         self.compiled = core.compile_model(model, device.upper(), self.config)
         self.request = self.compiled.create_infer_request()
         self.max_dead_slots = max_dead_slots if "attention_mask" in self._inputs else 0
+        self.fixed_verify_width = self.max_dead_slots > 0
         self._live = np.zeros(0, dtype=np.int64)  # one entry per slot of the state tensors: 1 live, 0 dead
         self._length = 0
 
