@@ -5,6 +5,7 @@
 
 from .errors import (
     BackendUnavailableError,
+    CorpusError,
     DeviceNotFoundError,
     DraftMismatchError,
     LowBitConfigError,
@@ -13,6 +14,7 @@ from .errors import (
     PullError,
     XpuspecError,
 )
+from .evaluation import evaluate
 from .export import export
 from .lowbit import FORMATS, LowBitConfig
 from .modeling import AutoModelForCausalLM, AutoTokenizer, XpuspecModelForCausalLM
@@ -23,7 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoModelForCausalLM", "AutoTokenizer", "XpuspecModelForCausalLM", "LowBitConfig", "FORMATS",
-    "BUILTIN_MODELS", "pull", "export", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
-    "ModelSourceError", "LowBitConfigError", "PullError", "OutputExistsError", "DraftMismatchError",
+    "BUILTIN_MODELS", "pull", "export", "evaluate", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
+    "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "SpeculativeConfig",
 ]
