@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .errors import LowBitConfigError
-from .lowbit import CHANNEL_WISE, LowBitConfig
+from .lowbit import CHANNEL_WISE, DEFAULT_INT4_GROUP_SIZE, LowBitConfig
 
 REFERENCE = "fp32"
 
@@ -71,7 +71,9 @@ def sliding_windows(n: int, context: int, stride: int) -> List[Tuple[int, int, i
 
     Returns:
         ``(begin, end, first)`` per window: the model sees tokens ``[begin, end)`` and scores the
-        tokens at positions ``[begin + first, end)``. Every position 1..n-1 is scored exactly once.
+        tokens at positions ``[begin + first, end)``. With ``stride < context`` every position
+        1..n-1 is scored exactly once; with ``stride == context`` the windows do not overlap and
+        the first token of each window, having no context, is not scored (as in HF's recipe).
 
     Raises:
         ValueError: ``n < 2``, ``context < 2`` or ``stride`` outside ``[1, context]``.
@@ -83,7 +85,7 @@ def sliding_windows(n: int, context: int, stride: int) -> List[Tuple[int, int, i
     windows, scored_to = [], 1
     for begin in range(0, n, stride):
         end = min(begin + context, n)
-        windows.append((begin, end, scored_to - begin))
+        windows.append((begin, end, max(scored_to - begin, 1)))
         scored_to = end
         if end == n:
             break
@@ -99,7 +101,7 @@ def window_logprobs(model, ids: torch.Tensor, context: int, stride: int) -> Iter
 
     Yields:
         ``(logp, targets)``: float32 ``[m, vocab]`` log-softmax predicting the scored tokens, and
-        LongTensor ``[m]`` those tokens. Over all windows the m add up to ``n - 1``.
+        LongTensor ``[m]`` those tokens (:func:`sliding_windows` says which).
     """
     for begin, end, first in sliding_windows(len(ids), context, stride):
         with torch.no_grad():
@@ -181,6 +183,8 @@ class EvalReport:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in self.results:
             group, asked = r.low_bit.get("group_size"), r.asked.get("group_size")
+            if asked is None and r.asked["format"].startswith("int4"):
+                asked = DEFAULT_INT4_GROUP_SIZE
             group = ("-" if r.low_bit["format"].startswith("fp") else "channel" if group in (None, CHANNEL_WISE)
                      else str(group))
             if asked is not None and str(asked) != group:
@@ -322,10 +326,14 @@ def evaluate(
 
     from . import corpus
     from .modeling import AutoModelForCausalLM, AutoTokenizer
+    from .sources import resolve_source
 
     configs = [parse_format(REFERENCE)] + [c for c in map(parse_format, formats) if c != parse_format(REFERENCE)]
     if prompts < 0 or new_tokens < 1:
         raise ValueError(f"Need prompts >= 0 and new_tokens >= 1; got prompts={prompts}, new_tokens={new_tokens}.")
+    limit = getattr(resolve_source(model).config, "max_position_embeddings", None)
+    if limit is not None and context > limit:
+        raise ValueError(f"context={context} is over the model's context of {limit} tokens; lower --context.")
     tokenizer = AutoTokenizer.from_pretrained(model)
     texts = eval_texts(tokenizer, text, tokens)
     prompt_ids = [tokenizer(p, return_tensors="pt").input_ids for p in eval_prompts(prompts)]
@@ -339,9 +347,6 @@ def evaluate(
             bar.set_description(f"load {label(config)}")
             start = time.perf_counter()
             lm = AutoModelForCausalLM.from_pretrained(model, device=device, backend=backend, load_in_low_bit=config)
-            limit = getattr(lm.config, "max_position_embeddings", None)
-            if limit is not None and context > limit:
-                raise ValueError(f"context={context} is over the model's context of {limit} tokens; lower --context.")
             row = FormatResult(label(config), config.as_dict(), lm.low_bit.as_dict(), lm.runner.weight_bytes / 2**20,
                                time.perf_counter() - start)
             bar.set_description(f"eval {row.label}")
