@@ -17,6 +17,7 @@ The fp32 model is the reference and is always the first row.
 import gc
 import json
 import math
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -148,8 +149,9 @@ class FormatResult:
     greedy_identical: float = 0.0
 
     @property
-    def greedy_match_mean(self) -> float:
-        return sum(self.greedy_match) / len(self.greedy_match) if self.greedy_match else float("nan")
+    def greedy_match_mean(self) -> Optional[float]:
+        """Mean of :attr:`greedy_match`; ``None`` without prompts."""
+        return sum(self.greedy_match) / len(self.greedy_match) if self.greedy_match else None
 
 
 @dataclass
@@ -191,7 +193,8 @@ class EvalReport:
                 group += f" (asked {asked})"
             cells = ([r.label, group, f"{r.weight_mib:.1f}"] + [f"{r.perplexity[t]:.3f}" for t in texts]
                      + [f"{100 * (r.perplexity['all'] / ref - 1):+.2f}%", f"{100 * r.top1_agreement:.2f}%",
-                        f"{r.kl_mean:.4f}", f"{r.greedy_match_mean:.1f}", f"{100 * r.greedy_identical:.0f}%"])
+                        f"{r.kl_mean:.4f}"]
+                     + ([f"{r.greedy_match_mean:.1f}", f"{100 * r.greedy_identical:.0f}%"] if r.greedy_match else ["-", "-"]))
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -270,19 +273,15 @@ def eval_prompts(n: int) -> List[str]:
 
 
 def _machine() -> dict:
-    import os
-
+    import nncf
     import openvino
 
-    try:
-        import nncf
-        nncf_version = nncf.__version__
-    except ImportError:
-        nncf_version = None
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
-    return {"date": date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "openvino": openvino.__version__, "nncf": nncf_version, "torch": torch.__version__}
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.is_file() else []
+    return {"date": date.today().isoformat(), "cpu": names[0] if names else platform.processor(),
+            "cores": os.cpu_count(), "python": platform.python_version(), "openvino": openvino.__version__,
+            "nncf": nncf.__version__, "torch": torch.__version__}
 
 
 def evaluate(
