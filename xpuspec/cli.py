@@ -82,11 +82,18 @@ def _export(args) -> int:
 
 
 def _eval(args) -> int:
+    import contextlib
+
+    import nncf  # noqa: F401  (creates NNCF's logger, whose handler writes to stdout)
+
     from .evaluation import evaluate
 
-    report = evaluate(args.model, args.low_bit, text=args.text, tokens=args.tokens, context=args.context,
-                      stride=args.stride, prompts=args.prompts, new_tokens=args.new_tokens,
-                      device=args.device, backend=args.backend)
+    for handler in logging.getLogger("nncf").handlers:  # stdout carries only the table
+        handler.setStream(sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):
+        report = evaluate(args.model, args.low_bit, text=args.text, tokens=args.tokens, context=args.context,
+                          stride=args.stride, prompts=args.prompts, new_tokens=args.new_tokens,
+                          device=args.device, backend=args.backend)
     print(report.to_markdown())
     for path in filter(None, (args.json and report.write_json(args.json), args.plot and report.plot(args.plot))):
         print(f"wrote {path}", file=sys.stderr)
