@@ -88,12 +88,17 @@ def _eval(args) -> int:
 
     from .evaluation import evaluate
 
-    for handler in logging.getLogger("nncf").handlers:  # stdout carries only the table
-        handler.setStream(sys.stderr)
-    with contextlib.redirect_stdout(sys.stderr):
-        report = evaluate(args.model, args.low_bit, text=args.text, tokens=args.tokens, context=args.context,
-                          stride=args.stride, prompts=args.prompts, new_tokens=args.new_tokens,
-                          device=args.device, backend=args.backend)
+    nncf_handlers = [(h, h.stream) for h in logging.getLogger("nncf").handlers if isinstance(h, logging.StreamHandler)]
+    try:  # stdout carries only the table
+        for handler, _ in nncf_handlers:
+            handler.setStream(sys.stderr)
+        with contextlib.redirect_stdout(sys.stderr):
+            report = evaluate(args.model, args.low_bit, text=args.text, tokens=args.tokens, context=args.context,
+                              stride=args.stride, prompts=args.prompts, new_tokens=args.new_tokens,
+                              device=args.device, backend=args.backend)
+    finally:
+        for handler, stream in nncf_handlers:
+            handler.setStream(stream)
     print(report.to_markdown())
     for path in filter(None, (args.json and report.write_json(args.json), args.plot and report.plot(args.plot))):
         print(f"wrote {path}", file=sys.stderr)
