@@ -1,4 +1,4 @@
-"""The ``xpuspec`` command: devices, pull, generate, export. A thin layer over the Python API."""
+"""The ``xpuspec`` command: devices, pull, generate, export, bench. A thin layer over the Python API."""
 
 import argparse
 import logging
@@ -126,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="device the IR is meant for: cpu, gpu, gpu.N, npu (default cpu)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     p.set_defaults(run=_export)
+
+    from .bench.harness import add_arguments as bench_arguments, main as bench_main
+
+    p = sub.add_parser("bench", fromfile_prefix_chars="@",
+                       help="speed, acceptance and exactness against transformers, optimum-intel, openvino_genai "
+                            "(options from a file: xpuspec bench @benchmarks/smollm2.args)")
+    bench_arguments(p)
+    p.set_defaults(run=bench_main)
     return parser
 
 
