@@ -21,7 +21,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -157,16 +156,17 @@ def _source_folders(settings: BenchSettings) -> dict:
     return out
 
 
-def _ir_folder(model: str, low_bit: str, log_dir: Path) -> str:
-    """The IR folder xpuspec loads for ``model`` at ``low_bit`` (built into its cache if needed)."""
-    with Worker("xpuspec", Setup(model=model, hf_path=None, ir="", low_bit=low_bit), log_dir / "ir.log") as w:
-        return w.info["settings"]["ir"]
-
-
 def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] = None,
-        command: Optional[str] = None) -> dict:
+        command: Optional[str] = None, prompts: Optional[Dict[str, List[str]]] = None) -> dict:
     """Run the benchmark and return the report (see ``schema.json``; :func:`xpuspec.bench.report.summarize` has filled
     in ``summary``).
+
+    Args:
+        settings: what to measure.
+        progress: show a progress bar on stderr.
+        log_dir: where the workers' logs go (default: a new temporary folder).
+        command: the command line, recorded in the report.
+        prompts: ``{set name: texts}`` to use instead of ``settings.prompts`` (tests use short stand-ins).
 
     Raises:
         ValueError: bad settings or prompts.
@@ -177,7 +177,8 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
 
     settings.check()
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="xpuspec-bench-"))
-    chosen = prompt_sets.select(prompt_sets.parse_prompt_spec(settings.prompts))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    chosen = prompts or prompt_sets.select(prompt_sets.parse_prompt_spec(settings.prompts))
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
     items = [(name, i, tokenizer(text).input_ids) for name, texts in chosen.items() for i, text in enumerate(texts)]
     families = {SYSTEMS[n].family for n in settings.systems}
@@ -192,31 +193,17 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
                   draft_low_bit=settings.draft_low_bit, kv_cache_precision=settings.kv_cache_precision,
                   num_assistant_tokens=settings.num_assistant_tokens, cost_model=settings.cost_model,
                   **{"hf_path": None, **_source_folders(settings)})
-    references = {}
-    for family in sorted(families):
-        name = REFERENCE[family]
-        bar.note(f"reference: loading {name}")
-        with Worker(name, setup, log_dir / f"reference-{family}.log") as w:
-            if family == "ir":
-                setup = replace(setup, ir=w.info["settings"]["ir"])
-            for set_name, i, ids in items:
-                references[family, set_name, i] = w.call("reference", ids, settings.max_new_tokens)
-                bar.step(f"reference {name}")
-    if "genai-spec" in settings.systems:
-        bar.note("draft IR")
-        setup = replace(setup, draft_ir=_ir_folder(settings.draft or settings.model, settings.draft_low_bit, log_dir))
+    shared = settings.interleave == "prompt"
+    references, outputs, systems_info = {}, [], {}
 
-    samples, systems_info = [], {}
+    def spawn(name: str, label: str = "") -> Worker:
+        return Worker(name, setup, log_dir / f"{label}{name.replace(':', '-')}.log")
 
-    def start(name: str, repeat: int) -> Worker:
+    def warm(name: str, w: Worker) -> Worker:
         bar.note(f"loading {name}")
-        t0 = time.perf_counter()
-        w = Worker(name, setup, log_dir / f"{name.replace(':', '-')}.log")
-        load_s = time.perf_counter() - t0
         w.call("generate", items[0][2], settings.max_new_tokens)  # warm-up, untimed
-        info = systems_info.setdefault(name, {"family": SYSTEMS[name].family, "speculative": SYSTEMS[name].speculative,
-                                              **w.info, "load_s": [], "peak_rss_bytes": 0})
-        info["load_s"].append(load_s)
+        systems_info.setdefault(name, {"family": SYSTEMS[name].family, "speculative": SYSTEMS[name].speculative,
+                                       **w.info, "peak_rss_bytes": 0})
         return w
 
     def finish(name: str, w: Worker) -> None:
@@ -226,32 +213,57 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
 
     def measure(name: str, w: Worker, repeat: int, set_name: str, i: int, ids: List[int]) -> None:
         sample = w.call("generate", ids, settings.max_new_tokens)
-        samples.append(report.sample_record(name, SYSTEMS[name].family, repeat, set_name, i, len(ids), sample,
-                                            references[SYSTEMS[name].family, set_name, i], settings.tie_tolerance))
+        outputs.append((report.sample_record(name, repeat, set_name, i, len(ids), sample), sample.tokens))
         bar.step(f"r{repeat + 1} {name}")
 
-    if settings.interleave == "prompt":
-        workers = {}
-        try:
+    # Reference systems load first: they give the plain greedy outputs, and xpuspec the IR folder. Every worker of
+    # a wave loads at once; in --interleave prompt a reference system that is also measured keeps its worker.
+    first = {REFERENCE[f]: spawn(REFERENCE[f], "reference-") for f in sorted(families)}
+    draft_ir = None  # the IR xpuspec loads for the draft model (or the target) at the draft's format
+    if "genai-spec" in settings.systems:
+        draft_ir = Worker("xpuspec", replace(setup, model=settings.draft or settings.model, low_bit=settings.draft_low_bit),
+                          log_dir / "draft-ir.log")
+    workers = {}
+    try:
+        for family in sorted(families):
+            name = REFERENCE[family]
+            bar.note(f"reference: loading {name}")
+            w = first.pop(name)
+            workers[name] = w
+            if family == "ir":
+                setup = replace(setup, ir=w.info["settings"]["ir"])
+            for set_name, i, ids in items:
+                references[family, set_name, i] = w.call("reference", ids, settings.max_new_tokens)
+                bar.step(f"reference {name}")
+            if not (shared and name in settings.systems):
+                workers.pop(name).close()
+        if draft_ir is not None:
+            with draft_ir:
+                setup = replace(setup, draft_ir=draft_ir.info["settings"]["ir"])
+        if shared:
+            workers.update({name: spawn(name) for name in settings.systems if name not in workers})
             for name in settings.systems:
-                workers[name] = start(name, 0)
+                warm(name, workers[name])
             for repeat in range(settings.repeats):
                 for set_name, i, ids in items:
                     for name in settings.systems:
                         measure(name, workers[name], repeat, set_name, i, ids)
-        finally:
-            for name, w in workers.items():
-                finish(name, w)
-    else:
-        for repeat in range(settings.repeats):
-            for name in settings.systems:
-                w = start(name, repeat)
-                try:
+        else:
+            for repeat in range(settings.repeats):
+                for name in settings.systems:
+                    w = workers[name] = warm(name, spawn(name))
                     for set_name, i, ids in items:
                         measure(name, w, repeat, set_name, i, ids)
-                finally:
-                    finish(name, w)
+                    finish(name, workers.pop(name))
+        for name in list(workers):
+            finish(name, workers.pop(name))
+    finally:
+        for w in [*first.values(), *workers.values()] + ([draft_ir] if draft_ir is not None else []):
+            w.close()
     bar.bar.close()
+    samples = [report.with_audit(record, tokens, references[SYSTEMS[record["system"]].family, record["set"],
+                                                           record["prompt"]], settings.tie_tolerance)
+               for record, tokens in outputs]
 
     result = {
         "schema_version": report.SCHEMA_VERSION,

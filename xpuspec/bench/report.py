@@ -24,25 +24,31 @@ SPLITS = ("all",) + SETS
 _SEVERITY = {IDENTICAL: 0, TIE: 1, VIOLATION: 2}
 
 
-def sample_record(system: str, family: str, repeat: int, set_name: str, index: int, prompt_tokens: int,
-                  sample, reference, tolerance: float) -> dict:
-    """One call as a JSON record, with its exactness audit against the family's plain greedy ``reference``
-    (``(tokens, top-2 margins)``)."""
-    status, first, margin = classify(reference[0], reference[1], sample.tokens, tolerance)
+def sample_record(system: str, repeat: int, set_name: str, index: int, prompt_tokens: int, sample) -> dict:
+    """One timed call (a :class:`xpuspec.bench.systems.Sample`) as a JSON record, without its tokens."""
     return {"system": system, "repeat": repeat, "set": set_name, "prompt": index, "prompt_tokens": prompt_tokens,
             "new_tokens": len(sample.tokens), "ttft_s": sample.ttft_s, "decode_s": sample.decode_s,
             "total_s": sample.total_s, "steps": sample.steps, "first_step_tokens": sample.first_step_tokens,
-            "drafted": sample.drafted, "accepted": sample.accepted,
-            "audit": {"status": status, "first_difference": first, "margin": margin}}
+            "drafted": sample.drafted, "accepted": sample.accepted}
 
 
-def _stat(values: List[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+def with_audit(record: dict, tokens: List[int], reference, tolerance: float) -> dict:
+    """``record`` with its exactness audit: ``tokens`` against the plain greedy ``reference`` of the same
+    weights (``(tokens, top-2 margins)``)."""
+    status, first, margin = classify(reference[0], reference[1], tokens, tolerance)
+    return {**record, "audit": {"status": status, "first_difference": first, "margin": margin}}
 
 
-def _decode_rate(rows: List[dict]) -> float:
+def _stat(values: List[Optional[float]]) -> Optional[dict]:
+    values = [v for v in values if v is not None]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+
+
+def _decode_rate(rows: List[dict]) -> Optional[float]:
+    """Tokens after each call's first step over the seconds after it (``None`` when every call
+    delivered all its tokens in its first step)."""
     seconds = sum(r["decode_s"] for r in rows)
-    return sum(r["new_tokens"] - 1 for r in rows) / seconds if seconds > 0 else 0.0
+    return sum(r["new_tokens"] - r["first_step_tokens"] for r in rows) / seconds if seconds > 0 else None
 
 
 def _by_repeat(rows: List[dict]) -> Dict[int, List[dict]]:
@@ -54,9 +60,9 @@ def _by_repeat(rows: List[dict]) -> Dict[int, List[dict]]:
 
 def _figures(rows: List[dict], base_rows: List[dict], bandwidth: float, weight_bytes: int) -> dict:
     repeats, base = _by_repeat(rows), _by_repeat(base_rows)
-    decode = [_decode_rate(rs) for rs in repeats.values()]
-    ratios = [_decode_rate(rs) / _decode_rate(base[k]) for k, rs in repeats.items()
-              if k in base and _decode_rate(base[k]) > 0]
+    decode = _stat([_decode_rate(rs) for rs in repeats.values()])
+    pairs = [(_decode_rate(rs), _decode_rate(base[k])) for k, rs in repeats.items() if k in base]
+    ratios = [a / b for a, b in pairs if a is not None and b]
     drafted = [r["drafted"] for r in rows if r["drafted"] is not None]
     accepted = sum(r["accepted"] for r in rows if r["accepted"] is not None)
     later_steps = sum(r["steps"] - 1 for r in rows)
@@ -65,10 +71,9 @@ def _figures(rows: List[dict], base_rows: List[dict], bandwidth: float, weight_b
         key = (r["set"], r["prompt"])
         if _SEVERITY[r["audit"]["status"]] >= _SEVERITY[worst.get(key, IDENTICAL)]:
             worst[key] = r["audit"]["status"]
-    median_decode = statistics.median(decode)
     return {
         "calls": len(rows),
-        "decode_tokens_per_s": _stat(decode),
+        "decode_tokens_per_s": decode,
         "ttft_ms": _stat([1000 * statistics.median(r["ttft_s"] for r in rs) for rs in repeats.values()]),
         "e2e_tokens_per_s": _stat([sum(r["new_tokens"] for r in rs) / sum(r["total_s"] for r in rs)
                                    for rs in repeats.values()]),
@@ -76,7 +81,8 @@ def _figures(rows: List[dict], base_rows: List[dict], bandwidth: float, weight_b
         "acceptance_rate": accepted / sum(drafted) if drafted and sum(drafted) > 0 else None,
         "mean_accepted_length": (sum(r["new_tokens"] - r["first_step_tokens"] for r in rows) / later_steps
                                  if later_steps > 0 else None),
-        "roofline_percent": percent_of_roofline(median_decode, bandwidth, weight_bytes) if weight_bytes else None,
+        "roofline_percent": percent_of_roofline(decode["median"], bandwidth, weight_bytes)
+        if decode and weight_bytes else None,
         "audit": {status: sum(1 for s in worst.values() if s == status) for status in _SEVERITY},
     }
 
@@ -147,6 +153,10 @@ def _fmt(value: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _median(stat: Optional[dict]) -> Optional[float]:
+    return stat["median"] if stat else None
+
+
 def _audit_cell(counts: dict) -> str:
     return f"{counts[IDENTICAL]} / {counts[TIE]} / {counts[VIOLATION]}"
 
@@ -172,9 +182,10 @@ def markdown(result: dict) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for system in s["systems"]:
         f = summary[system]["all"]
-        d = f["decode_tokens_per_s"]
+        d = f["decode_tokens_per_s"] or {"median": None, "min": None, "max": None}
         lines.append(
-            f"| {system} | {d['median']:.1f} | {d['min']:.1f}-{d['max']:.1f} | {_fmt(f['ratio_to_baseline'], '.2f', 'x')} | "
+            f"| {system} | {_fmt(d['median'])} | {_fmt(d['min'])}-{_fmt(d['max'])} | "
+            f"{_fmt(f['ratio_to_baseline'], '.2f', 'x')} | "
             f"{f['ttft_ms']['median']:.0f} | {f['e2e_tokens_per_s']['median']:.1f} | "
             f"{_fmt(None if f['acceptance_rate'] is None else 100 * f['acceptance_rate'], '.0f', '%')} | "
             f"{_fmt(f['mean_accepted_length'], '.2f')} | {summary[system]['rss_mib']:.0f} | "
@@ -184,7 +195,7 @@ def markdown(result: dict) -> str:
         lines += ["", "Decode tokens/s by prompt set (ratio to the baseline):", "",
                   "| system | " + " | ".join(split_names) + " |", "|---|" + "---|" * len(split_names)]
         for system in s["systems"]:
-            cells = [f"{summary[system][n]['decode_tokens_per_s']['median']:.1f} "
+            cells = [f"{_fmt(_median(summary[system][n]['decode_tokens_per_s']))} "
                      f"({_fmt(summary[system][n]['ratio_to_baseline'], '.2f', 'x')})" for n in split_names]
             lines.append(f"| {system} | " + " | ".join(cells) + " |")
     target = next((i["weight_bytes"] for i in result["systems"].values() if i["family"] == "ir"), None)
@@ -223,8 +234,9 @@ def compare(a: dict, b: dict) -> str:
     lines += ["| system | A decode tok/s | B decode tok/s | B/A | A vs baseline | B vs baseline |", "|---|---|---|---|---|---|"]
     for system in [x for x in a["settings"]["systems"] if x in b["settings"]["systems"]]:
         fa, fb = a["summary"][system]["all"], b["summary"][system]["all"]
-        da, db = fa["decode_tokens_per_s"]["median"], fb["decode_tokens_per_s"]["median"]
-        lines.append(f"| {system} | {da:.1f} | {db:.1f} | {db / da:.2f}x | {_fmt(fa['ratio_to_baseline'], '.2f', 'x')} | "
+        da, db = _median(fa["decode_tokens_per_s"]), _median(fb["decode_tokens_per_s"])
+        lines.append(f"| {system} | {_fmt(da)} | {_fmt(db)} | {_fmt(db / da if da and db else None, '.2f', 'x')} | "
+                     f"{_fmt(fa['ratio_to_baseline'], '.2f', 'x')} | "
                      f"{_fmt(fb['ratio_to_baseline'], '.2f', 'x')} |")
     only = sorted(set(a["settings"]["systems"]) ^ set(b["settings"]["systems"]))
     if only:
@@ -241,7 +253,7 @@ def plot(result: dict, path) -> Path:
     import matplotlib.pyplot as plt
 
     s, summary = result["settings"], result["summary"]
-    names = s["systems"]
+    names = [n for n in s["systems"] if summary[n]["all"]["decode_tokens_per_s"]]
     figures = [summary[n]["all"] for n in names]
     med = [f["decode_tokens_per_s"]["median"] for f in figures]
     err = [[m - f["decode_tokens_per_s"]["min"] for m, f in zip(med, figures)],

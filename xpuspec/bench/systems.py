@@ -2,8 +2,9 @@
 
 Every system is timed the same way, from outside: wall-clock seconds from the ``generate`` call to
 the streamer callback that delivers the first new token (TTFT), to the callback of the last one,
-and to the return. Decode tokens/s is ``(new tokens - 1) / (last - first callback)``; end-to-end
-tokens/s is ``new tokens / (return - call)``. Every call generates exactly ``max_new_tokens``
+and to the return. Decode tokens/s is ``(new tokens - tokens of the first callback) / (last - first
+callback)``, which excludes the first token (and, where a tool verifies drafts in its prefill pass, the
+drafts that came with it); end-to-end tokens/s is ``new tokens / (return - call)``. Every call generates exactly ``max_new_tokens``
 (``min_new_tokens`` is set to the same value), greedily, on the same prompt token ids.
 
 Weights: transformers systems (``family="hf"``) run the fp32 source folder; every OpenVINO system
@@ -13,7 +14,7 @@ cache, and the OpenVINO draft models the same draft IR.
 
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -71,7 +72,7 @@ class Sample:
     Attributes:
         tokens: the new token ids.
         ttft_s: seconds from the call to the first new token (prefill included).
-        decode_s: seconds from the first to the last new token.
+        decode_s: seconds from the first step's tokens to the last new token.
         total_s: seconds from the call to its return.
         steps: decode steps that delivered tokens (target forwards, prefill included, for xpuspec;
             streamer callbacks for the others).

@@ -15,19 +15,21 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from ..errors import XpuspecError
 from .systems import Setup, make
 
 #: Seconds a worker may take to exit after ``close`` before it is killed.
 CLOSE_TIMEOUT_S = 30
 
 
-class WorkerError(RuntimeError):
+class WorkerError(XpuspecError, RuntimeError):
     """A system failed inside its worker process; the message carries its traceback or log tail."""
 
 
 class Worker:
     """A system loaded in its own process. Use as a context manager; ``call(op, *args)`` runs a
-    :class:`xpuspec.bench.systems.System` method there and returns its result.
+    :class:`xpuspec.bench.systems.System` method there and returns its result. The process starts
+    loading at once; ``info`` (or the first call) waits for it, so several workers load side by side.
 
     Attributes:
         info: from loading: ``settings`` (what the system was configured with), ``weight_bytes``,
@@ -42,14 +44,21 @@ class Worker:
                                          pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         theirs.close()
         self.conn = Connection(ours.detach())
-        try:
-            self.conn.send((name, setup))
-            self.info = self._reply()
-        except BaseException:
-            self.close()
-            raise
+        self.conn.send((name, setup))
+        self._info = None
+
+    @property
+    def info(self) -> dict:
+        if self._info is None:
+            try:
+                self._info = self._reply()
+            except BaseException:
+                self.close()
+                raise
+        return self._info
 
     def call(self, op: str, *args):
+        self.info  # loaded first
         self.conn.send((op, args))
         return self._reply()
 
