@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from copy import deepcopy
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from xpuspec.bench import prompts, report, roofline
 from xpuspec.bench.harness import BenchSettings, run
 from xpuspec.bench.systems import SYSTEMS, parse_systems
 
+ROOT = Path(__file__).resolve().parents[1]
 #: Stand-in prompts in the tiny models' 16-word vocabulary: one repetitive ("edit"-like), one not.
 TINY_PROMPTS = {"code": ["w1 w2 w3 w4 w5 w6"], "edit": ["w7 w8 w9 w7 w8 w9 w7 w8"]}
 
@@ -164,9 +166,7 @@ def test_bench_cli_errors_are_one_line():
 def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):
     """CI: 2 prompts, 8 tokens, SmolLM2, every system (SmolLM2 drafts for itself). Shape only."""
     out = tmp_path / "smoke.json"
-    done = _cli("--model", "smollm2-135m-instruct", "--draft", "smollm2-135m-instruct", "--prompts", "code:1,edit:1",
-                "--max-new-tokens", "8", "--repeats", "1", "--bandwidth", "30", "--no-progress",
-                "--json", str(out), "--plot", str(tmp_path / "smoke.png"))
+    done = _cli(f"@{ROOT / 'benchmarks' / 'ci-smoke.args'}", "--json", str(out), "--plot", str(tmp_path / "smoke.png"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = report.load(out)
     assert [s["system"] for s in result["samples"]] == list(SYSTEMS) * 2

@@ -177,6 +177,21 @@ class System:
         return self.setup.num_assistant_tokens or default
 
 
+def _genai_streamer(arrivals: Arrivals):
+    """An openvino_genai streamer feeding ``arrivals`` (it is called with one token or a list per step)."""
+    import openvino_genai
+
+    class _Streamer(openvino_genai.StreamerBase):
+        def write(self, token):
+            arrivals.add(len(token) if isinstance(token, list) else 1)
+            return openvino_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    return _Streamer()
+
+
 def _ir_bytes(folder: str) -> int:
     return (Path(folder) / "openvino_model.bin").stat().st_size
 
@@ -273,20 +288,10 @@ class GenAISystem(System):
     def generate(self, ids, max_new_tokens):
         import numpy as np
         import openvino as ov
-        import openvino_genai
 
         self.config.max_new_tokens = self.config.min_new_tokens = max_new_tokens
-
-        class _Streamer(openvino_genai.StreamerBase):
-            def write(self, token):
-                arrivals.add(len(token) if isinstance(token, list) else 1)
-                return openvino_genai.StreamingStatus.RUNNING
-
-            def end(self):
-                pass
-
-        streamer = _Streamer()
         arrivals = Arrivals()
+        streamer = _genai_streamer(arrivals)
         result = self.pipe.generate(ov.Tensor(np.asarray([ids], dtype=np.int64)), self.config, streamer)
         counts = {}
         metrics = getattr(result, "extended_perf_metrics", None)
