@@ -214,8 +214,10 @@ def markdown(result: dict) -> str:
             if key not in seen:
                 seen.add(key)
                 a = r["audit"]
+                short = (f"; it returned {r['new_tokens']} of {s['max_new_tokens']} tokens"
+                         if r["new_tokens"] != s["max_new_tokens"] else "")
                 lines.append(f"- {r['system']}, {r['set']} prompt {r['prompt']}: {a['status']} at new token "
-                             f"{a['first_difference']} (plain top-2 margin {_fmt(a['margin'], '.4f')})")
+                             f"{a['first_difference']} (plain top-2 margin {_fmt(a['margin'], '.4f')}{short})")
     return "\n".join(lines)
 
 
