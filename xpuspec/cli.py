@@ -1,4 +1,4 @@
-"""The ``xpuspec`` command: devices, pull, generate, export, eval, doctor. A thin layer over the Python API.
+"""The ``xpuspec`` command: devices, pull, generate, export, eval, bench, doctor. A thin layer over the Python API.
 
 Every heavy import happens inside ``main``, so a Ctrl-C at any point past start-up exits with 130
 and one line, no traceback.
@@ -176,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a bar chart (needs matplotlib)")
     p.set_defaults(run=_eval)
+
+    from .bench.harness import add_arguments as bench_arguments, main as bench_main
+
+    p = sub.add_parser("bench", fromfile_prefix_chars="@",
+                       help="speed, acceptance and exactness against transformers, optimum-intel, openvino_genai "
+                            "(options from a file: xpuspec bench @benchmarks/smollm2.args)")
+    bench_arguments(p)
+    p.set_defaults(run=bench_main)
     return parser
 
 

@@ -7,7 +7,7 @@ the output ("VIOLATION", a bug).
 """
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -51,12 +51,35 @@ def audit(model, input_ids: torch.Tensor, max_new_tokens: int = 64, tolerance: f
     spec = model.generate(input_ids=input_ids, max_new_tokens=max_new_tokens, do_sample=False, **speculative_kwargs)
     stats = model.last_generate_stats
     a, b = plain.sequences[0, n:].tolist(), spec[0, n:].tolist()
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if first is None and len(a) == len(b):
-        return AuditResult(IDENTICAL, None, None, a, b, stats)
-    first = min(len(a), len(b)) if first is None else first
-    if first >= len(plain.scores):
-        return AuditResult(VIOLATION, first, None, a, b, stats)
-    top2 = plain.scores[first][0].topk(2).values
-    margin = float(top2[0] - top2[1])
-    return AuditResult(TIE if margin < tolerance else VIOLATION, first, margin, a, b, stats)
+    status, first, margin = classify(a, top2_margins(plain.scores), b, tolerance)
+    return AuditResult(status, first, margin, a, b, stats)
+
+
+def top2_margins(scores) -> List[float]:
+    """Top-1 minus top-2 processed score at each step, from ``generate(..., output_scores=True).scores``."""
+    return [float(d[0] - d[1]) for d in (row[0].topk(2).values for row in scores)]
+
+
+def classify(plain: List[int], margins: List[float], other: List[int],
+             tolerance: float = DEFAULT_TOLERANCE) -> Tuple[str, Optional[int], Optional[float]]:
+    """Classify ``other`` against the plain greedy tokens ``plain``.
+
+    Args:
+        plain: plain greedy new tokens.
+        margins: the plain run's top-1 minus top-2 processed score at each of its steps.
+        other: the new tokens to check.
+        tolerance: top-2 margin under which a divergence is a tie.
+
+    Returns:
+        ``(status, first_difference, margin)``: ``"identical"``, ``"tie"`` or ``"VIOLATION"``; the
+        index of the first differing token (``None`` if identical); the plain margin there (``None``
+        when the runs differ only in length).
+    """
+    first = next((i for i, (x, y) in enumerate(zip(plain, other)) if x != y), None)
+    if first is None and len(plain) == len(other):
+        return IDENTICAL, None, None
+    first = min(len(plain), len(other)) if first is None else first
+    if first >= len(margins):
+        return VIOLATION, first, None
+    margin = margins[first]
+    return (TIE if margin < tolerance else VIOLATION), first, margin

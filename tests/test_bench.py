@@ -1,0 +1,176 @@
+"""xpuspec bench: every system on tiny models, the report and its schema, roofline arithmetic, prompt
+sets, CLI errors, and the CI smoke run on SmolLM2 (shape of the report only, never a speed)."""
+
+import json
+import os
+import subprocess
+import sys
+from copy import deepcopy
+from pathlib import Path
+
+import pytest
+
+from tiny import tiny_model
+from xpuspec.bench import prompts, report, roofline
+from xpuspec.bench.harness import BenchSettings, run
+from xpuspec.bench.systems import SYSTEMS, parse_systems
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Stand-in prompts in the tiny models' 16-word vocabulary: one repetitive ("edit"-like), one not.
+TINY_PROMPTS = {"code": ["w1 w2 w3 w4 w5 w6"], "edit": ["w7 w8 w9 w7 w8 w9 w7 w8"]}
+
+
+def test_roofline_arithmetic_on_a_known_case():
+    # 33 GB/s over SmolLM2's 133.6 MB of INT8 weights: 247 tokens/s, the figure issue 4 quotes.
+    assert roofline.roofline_tokens_per_s(33e9, 133_600_000) == pytest.approx(247.0, abs=0.1)
+    assert roofline.percent_of_roofline(123.5, 33e9, 133_600_000) == pytest.approx(50.0, abs=0.05)
+    assert roofline.percent_of_roofline(494.0, 33e9, 133_600_000) == pytest.approx(200.0, abs=0.1)
+    with pytest.raises(ValueError):
+        roofline.roofline_tokens_per_s(0, 1)
+
+
+def test_read_bandwidth_is_plausible():
+    bandwidth = roofline.read_bandwidth(array_bytes=64 * 2**20, passes=2)
+    assert 1e8 < bandwidth < 1e12  # between 0.1 GB/s and 1 TB/s
+
+
+def test_prompt_spec():
+    assert prompts.parse_prompt_spec("4") == {"code": 4, "prose": 4, "edit": 4}
+    assert prompts.parse_prompt_spec("code,edit") == {"code": 0, "edit": 0}
+    assert prompts.parse_prompt_spec("code:2,edit,3") == {"code": 2, "edit": 3}
+    for bad, phrase in [("", "empty"), ("poetry", "Unknown prompt set 'poetry'"), ("code:0", "Bad count"),
+                        ("code:x", "Bad count"), ("0", "Bad count")]:
+        with pytest.raises(ValueError, match=phrase):
+            prompts.parse_prompt_spec(bad)
+
+
+def test_edit_prompts_quote_pinned_stdlib_sources():
+    import colorsys
+    import inspect
+
+    edit = prompts.edit_prompts()
+    assert len(edit) == len(prompts.EDIT_FUNCTIONS) >= 16
+    assert inspect.getsource(colorsys.rgb_to_yiq) in edit[0]
+    assert all(p.endswith("```python\n") and "def " in p for p in edit)
+    assert "rename the parameter `y` to `y_in`" in edit[1]
+    fingerprint = prompts.fingerprint({"edit": edit})
+    if sys.version_info[:2] == (3, 11):  # the pinned hashes are CPython 3.11's
+        assert fingerprint["edit_sources_changed"] == []
+    assert fingerprint["sets"]["edit"]["count"] == len(edit)
+    assert prompts.select({"edit": 3})["edit"] == [edit[0], edit[6], edit[12]]
+
+
+def test_system_names_are_checked():
+    assert "hf-assisted" not in parse_systems(None, has_draft=False)
+    assert parse_systems(None, has_draft=True) == list(SYSTEMS)
+    with pytest.raises(ValueError, match="Unknown system 'vllm'; valid systems: hf, hf-assisted"):
+        parse_systems("hf,vllm", has_draft=False)
+    with pytest.raises(ValueError, match="need a draft model"):
+        parse_systems("xpuspec-spec:draft", has_draft=False)
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_systems("hf,hf", has_draft=False)
+    with pytest.raises(ValueError, match="--baseline genai is not among"):
+        BenchSettings(systems=["hf"], baseline="genai").check()
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    """Every system on a tiny target with a tiny draft: 2 prompts x 2 repeats, 8 tokens, in its own cache."""
+    root = tmp_path_factory.mktemp("bench")
+    target, draft = tiny_model(root / "target", seed=1), tiny_model(root / "draft", seed=2)
+    old = os.environ.get("XPUSPEC_CACHE")
+    os.environ["XPUSPEC_CACHE"] = str(root / "cache")
+    try:
+        settings = BenchSettings(model=str(target), draft=str(draft), systems=list(SYSTEMS), max_new_tokens=8,
+                                 repeats=2, num_assistant_tokens=3, bandwidth=10e9)
+        yield run(settings, progress=False, log_dir=root / "logs", prompts=TINY_PROMPTS)
+    finally:
+        if old is None:
+            os.environ.pop("XPUSPEC_CACHE")
+        else:
+            os.environ["XPUSPEC_CACHE"] = old
+
+
+def test_every_system_runs_on_tiny_models(tiny_report):
+    report.validate(tiny_report)
+    samples = tiny_report["samples"]
+    assert len(samples) == len(SYSTEMS) * 2 * 2
+    assert all(s["new_tokens"] == 8 and s["ttft_s"] > 0 and s["total_s"] >= s["ttft_s"] for s in samples)
+    setup = tiny_report["setup"]
+    for name, info in tiny_report["systems"].items():
+        assert info["peak_rss_bytes"] > info["idle_rss_bytes"] > 0, name
+        if info["family"] == "ir":  # every OpenVINO system ran the same IR
+            assert info["weight_bytes"] == os.path.getsize(os.path.join(setup["ir"], "openvino_model.bin")), name
+            assert info["settings"].get("ir") == setup["ir"], name
+    assert tiny_report["systems"]["genai-spec"]["settings"]["draft_ir"] == setup["draft_ir"]
+    assert tiny_report["systems"]["xpuspec-spec:draft"]["settings"]["draft_ir"] == setup["draft_ir"]
+    summary = tiny_report["summary"]
+    for name in SYSTEMS:
+        figures = summary[name]["all"]
+        assert figures["calls"] == 4 and set(summary[name]) == {"all", "code", "edit", "rss_mib"}
+        assert figures["audit"]["VIOLATION"] == 0, (name, figures["audit"])
+        assert (figures["acceptance_rate"] is not None) == (name == "genai-spec" or name.startswith("xpuspec-spec")), name
+    # the reference systems and lossless speculation reproduce plain greedy output exactly
+    for name in ("hf", "xpuspec", "xpuspec-spec:self", "xpuspec-spec:lookup", "xpuspec-spec:draft"):
+        assert summary[name]["all"]["audit"]["identical"] == 2, name
+    assert summary["genai"]["all"]["ratio_to_baseline"] == 1.0
+    assert summary["xpuspec"]["all"]["mean_accepted_length"] == 1.0
+    assert all(summary[name]["all"]["mean_accepted_length"] >= 1.0 for name in SYSTEMS)
+
+
+def test_report_table_compare_and_plot(tiny_report, tmp_path):
+    table = report.markdown(tiny_report)
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    for name in SYSTEMS:
+        assert sum(line.startswith(f"| {name} |") for line in rows) == 2  # main table and per-set table
+    assert "| system | code | edit |" in table and "vs genai" in table
+    faster = deepcopy(tiny_report)
+    stat = faster["summary"]["xpuspec"]["all"]["decode_tokens_per_s"]
+    stat["median"] *= 2
+    (tmp_path / "b.json").write_text(json.dumps(faster))
+    lines = report.compare(tiny_report, report.load(tmp_path / "b.json")).splitlines()
+    assert next(line for line in lines if line.startswith("| xpuspec |")).split(" | ")[3] == "2.00x"
+    other = deepcopy(tiny_report)
+    other["settings"]["max_new_tokens"] = 64
+    assert "settings differ: max_new_tokens 8 vs 64" in report.compare(tiny_report, other)
+    png = report.plot(tiny_report, tmp_path / "bench.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_schema_rejects_a_broken_report(tiny_report, tmp_path):
+    broken = deepcopy(tiny_report)
+    broken["samples"][0]["audit"]["status"] = "fine"
+    with pytest.raises(ValueError, match="samples/0/audit/status"):
+        report.validate(broken)
+    del broken["summary"]
+    with pytest.raises(ValueError, match="summary"):
+        report.validate(broken)
+    (tmp_path / "x.json").write_text("{")
+    with pytest.raises(ValueError, match="is not JSON"):
+        report.load(tmp_path / "x.json")
+
+
+def _cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "xpuspec", "bench", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_bench_cli_errors_are_one_line():
+    for args, phrase in [(["--systems", "hf,vllm"], "valid systems: hf, hf-assisted"),
+                         (["--systems", "hf-assisted"], "need a draft model"),
+                         (["--prompts", "poetry"], "Unknown prompt set 'poetry'")]:
+        done = _cli(*args)
+        assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):
+    """CI: 2 prompts, 8 tokens, SmolLM2, every system (SmolLM2 drafts for itself). Shape only."""
+    out = tmp_path / "smoke.json"
+    done = _cli(f"@{ROOT / 'benchmarks' / 'ci-smoke.args'}", "--json", str(out), "--plot", str(tmp_path / "smoke.png"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = report.load(out)
+    assert [s["system"] for s in result["samples"]] == list(SYSTEMS) * 2
+    assert set(result["summary"]) == set(SYSTEMS)
+    table_rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert len(table_rows) == 2 * (len(SYSTEMS) + 1)
+    assert (tmp_path / "smoke.png").stat().st_size > 0

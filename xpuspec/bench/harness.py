@@ -1,0 +1,338 @@
+"""``xpuspec bench``: runs the systems side by side on the same weights, prompts and machine.
+
+Order of a run:
+
+1. Prompts are chosen (:mod:`.prompts`) and tokenized once with the target's tokenizer; every
+   system gets the same token ids.
+2. Reference: for each weight family in use, its plain greedy output (with top-2 margins) on every
+   prompt: transformers fp32 for ``hf*`` systems, xpuspec plain on the target IR for the OpenVINO
+   systems. Loading xpuspec there also yields the IR folder every OpenVINO system then runs.
+3. Timed runs, each system in its own worker process (:mod:`.worker`), warmed up with one untimed
+   call. ``--interleave prompt`` (default) keeps every worker loaded and runs A B C, A B C ... per
+   prompt, so drift hits all alike; ``--interleave repeat`` loads one system at a time, fresh each
+   repeat (A B C per repeat; for models too large to hold every system in memory at once).
+4. The report (:mod:`.report`): table, JSON, plot.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from . import prompts as prompt_sets
+from .systems import REFERENCE, SYSTEMS, Setup, parse_systems
+from .worker import Worker
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+INTERLEAVE = ("prompt", "repeat")
+#: Distributions whose versions a report records.
+PACKAGES = ("torch", "transformers", "optimum-intel", "openvino", "openvino-genai", "openvino-tokenizers", "nncf", "numpy")
+
+
+@dataclass
+class BenchSettings:
+    """What a run measures (the CLI's options).
+
+    Attributes:
+        model, draft: target and optional draft model (built-in name or folder).
+        low_bit, draft_low_bit: weight formats of the target IR and of the draft IR.
+        systems: system names (see :data:`xpuspec.bench.systems.SYSTEMS`).
+        baseline: the system every ratio divides by.
+        prompts: the ``--prompts`` spec (see :func:`xpuspec.bench.prompts.parse_prompt_spec`).
+        max_new_tokens: tokens generated per call (exactly: EOS is suppressed until then).
+        repeats: passes over the prompts.
+        interleave: ``"prompt"`` or ``"repeat"``.
+        kv_cache_precision: OpenVINO CPU KV cache precision for every OpenVINO system (``None``: each tool's default).
+        num_assistant_tokens: draft length k for every speculative system (``None``: each tool's default).
+        cost_model: xpuspec's speculation cost model.
+        bandwidth: read bandwidth in bytes/s to use instead of measuring it.
+        tie_tolerance: top-2 logit margin under which an output divergence counts as a tie.
+    """
+
+    model: str = DEFAULT_MODEL
+    draft: Optional[str] = None
+    low_bit: str = "int8_asym"
+    draft_low_bit: str = "int4_sym"
+    systems: List[str] = field(default_factory=list)
+    baseline: Optional[str] = None
+    prompts: str = "4"
+    max_new_tokens: int = 64
+    repeats: int = 3
+    interleave: str = "prompt"
+    kv_cache_precision: Optional[str] = "f32"
+    num_assistant_tokens: Optional[int] = None
+    cost_model: bool = True
+    bandwidth: Optional[float] = None
+    tie_tolerance: float = 1e-3
+
+    def check(self) -> None:
+        """Raises ValueError on a bad combination, naming the option."""
+        if not self.systems:
+            self.systems = parse_systems(None, self.draft is not None)
+        if self.baseline is None:
+            self.baseline = "genai" if "genai" in self.systems else self.systems[0]
+        if self.baseline not in self.systems:
+            raise ValueError(f"--baseline {self.baseline} is not among the systems run: {', '.join(self.systems)}.")
+        if self.max_new_tokens < 2:
+            raise ValueError("--max-new-tokens must be at least 2 (decode speed excludes the first token).")
+        if self.repeats < 1:
+            raise ValueError("--repeats must be at least 1.")
+        if self.interleave not in INTERLEAVE:
+            raise ValueError(f"--interleave takes {' or '.join(INTERLEAVE)}, not {self.interleave!r}.")
+
+
+def _versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    from .. import __version__
+
+    out["xpuspec"] = __version__
+    out["xpuspec_commit"] = _git_commit()
+    return out
+
+
+def _git_commit() -> Optional[str]:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        done = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
+def _machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile") if f" {f}" in flags]
+    return {"cpu": cpu, "cores": os.cpu_count(), "isa": isa, "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+class _Progress:
+    """tqdm bar over every generate call of the run (reference and timed)."""
+
+    def __init__(self, total: int, enabled: bool):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, unit="call", disable=not enabled, file=sys.stderr, dynamic_ncols=True)
+
+    def step(self, what: str) -> None:
+        self.bar.set_description(what)
+        self.bar.update(1)
+
+    def note(self, what: str) -> None:
+        self.bar.set_description(what)
+
+
+def _source_folders(settings: BenchSettings) -> dict:
+    from ..sources import resolve_source
+
+    out = {}
+    for key, name in (("hf_path", settings.model), ("draft_hf_path", settings.draft)):
+        if name is not None:
+            source = resolve_source(name)
+            out[key] = str(source.path) if source.kind == "hf" else None
+    return out
+
+
+def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] = None,
+        command: Optional[str] = None, prompts: Optional[Dict[str, List[str]]] = None) -> dict:
+    """Run the benchmark and return the report (see ``schema.json``; :func:`xpuspec.bench.report.summarize` has filled
+    in ``summary``).
+
+    Args:
+        settings: what to measure.
+        progress: show a progress bar on stderr.
+        log_dir: where the workers' logs go (default: a new temporary folder).
+        command: the command line, recorded in the report.
+        prompts: ``{set name: texts}`` to use instead of ``settings.prompts`` (tests use short stand-ins).
+
+    Raises:
+        ValueError: bad settings or prompts.
+        WorkerError: a system failed to load or run (the message carries its traceback).
+    """
+    from ..modeling import AutoTokenizer
+    from . import report, roofline
+
+    settings.check()
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="xpuspec-bench-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    chosen = prompts or prompt_sets.select(prompt_sets.parse_prompt_spec(settings.prompts))
+    tokenizer = AutoTokenizer.from_pretrained(settings.model)
+    items = [(name, i, tokenizer(text).input_ids) for name, texts in chosen.items() for i, text in enumerate(texts)]
+    families = {SYSTEMS[n].family for n in settings.systems}
+    total = len(items) * (len(families) + settings.repeats * len(settings.systems))
+    bar = _Progress(total, progress)
+
+    bar.note("measuring read bandwidth")
+    measured = settings.bandwidth is None
+    bandwidth = roofline.read_bandwidth() if measured else settings.bandwidth
+
+    setup = Setup(model=settings.model, ir="", low_bit=settings.low_bit, draft=settings.draft,
+                  draft_low_bit=settings.draft_low_bit, kv_cache_precision=settings.kv_cache_precision,
+                  num_assistant_tokens=settings.num_assistant_tokens, cost_model=settings.cost_model,
+                  **{"hf_path": None, **_source_folders(settings)})
+    shared = settings.interleave == "prompt"
+    references, outputs, systems_info = {}, [], {}
+
+    def spawn(name: str, label: str = "") -> Worker:
+        return Worker(name, setup, log_dir / f"{label}{name.replace(':', '-')}.log")
+
+    def warm(name: str, w: Worker) -> Worker:
+        bar.note(f"loading {name}")
+        w.call("generate", items[0][2], settings.max_new_tokens)  # warm-up, untimed
+        systems_info.setdefault(name, {"family": SYSTEMS[name].family, "speculative": SYSTEMS[name].speculative,
+                                       **w.info, "peak_rss_bytes": 0})
+        return w
+
+    def finish(name: str, w: Worker) -> None:
+        info = systems_info[name]
+        info["peak_rss_bytes"] = max(info["peak_rss_bytes"], w.call("peak_rss_bytes"))
+        w.close()
+
+    def measure(name: str, w: Worker, repeat: int, set_name: str, i: int, ids: List[int]) -> None:
+        sample = w.call("generate", ids, settings.max_new_tokens)
+        outputs.append((report.sample_record(name, repeat, set_name, i, len(ids), sample), sample.tokens))
+        bar.step(f"r{repeat + 1} {name}")
+
+    # Reference systems load first: they give the plain greedy outputs, and xpuspec the IR folder. Every worker of
+    # a wave loads at once; in --interleave prompt a reference system that is also measured keeps its worker.
+    first = {REFERENCE[f]: spawn(REFERENCE[f], "reference-") for f in sorted(families)}
+    draft_ir = None  # the IR xpuspec loads for the draft model (or the target) at the draft's format
+    if "genai-spec" in settings.systems:
+        draft_ir = Worker("xpuspec", replace(setup, model=settings.draft or settings.model, low_bit=settings.draft_low_bit),
+                          log_dir / "draft-ir.log")
+    workers = {}
+    try:
+        for family in sorted(families):
+            name = REFERENCE[family]
+            bar.note(f"reference: loading {name}")
+            w = first.pop(name)
+            workers[name] = w
+            if family == "ir":
+                setup = replace(setup, ir=w.info["settings"]["ir"])
+            for set_name, i, ids in items:
+                references[family, set_name, i] = w.call("reference", ids, settings.max_new_tokens)
+                bar.step(f"reference {name}")
+            if not (shared and name in settings.systems):
+                workers.pop(name).close()
+        if draft_ir is not None:
+            with draft_ir:
+                setup = replace(setup, draft_ir=draft_ir.info["settings"]["ir"])
+        if shared:
+            workers.update({name: spawn(name) for name in settings.systems if name not in workers})
+            for name in settings.systems:
+                warm(name, workers[name])
+            for repeat in range(settings.repeats):
+                for set_name, i, ids in items:
+                    for name in settings.systems:
+                        measure(name, workers[name], repeat, set_name, i, ids)
+        else:
+            for repeat in range(settings.repeats):
+                for name in settings.systems:
+                    w = workers[name] = warm(name, spawn(name))
+                    for set_name, i, ids in items:
+                        measure(name, w, repeat, set_name, i, ids)
+                    finish(name, workers.pop(name))
+        for name in list(workers):
+            finish(name, workers.pop(name))
+    finally:
+        for w in [*first.values(), *workers.values()] + ([draft_ir] if draft_ir is not None else []):
+            w.close()
+    bar.bar.close()
+    samples = [report.with_audit(record, tokens, references[SYSTEMS[record["system"]].family, record["set"],
+                                                           record["prompt"]], settings.tie_tolerance)
+               for record, tokens in outputs]
+
+    result = {
+        "schema_version": report.SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "settings": asdict(settings),
+        "machine": _machine(),
+        "versions": _versions(),
+        "prompts": prompt_sets.fingerprint(chosen),
+        "roofline": {"bandwidth_bytes_per_s": bandwidth, "measured": measured,
+                     "method": "best of 7 float32 sums over 512 MiB, one thread per core" if measured else "given"},
+        "setup": asdict(setup),
+        "systems": systems_info,
+        "samples": samples,
+    }
+    result["summary"] = report.summarize(result)
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``xpuspec bench`` options."""
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"target model (default {DEFAULT_MODEL})")
+    p.add_argument("--draft", default=None, help="draft model for hf-assisted, genai-spec and xpuspec-spec:draft/hybrid "
+                                                  "(default: OpenVINO drafts are a low-bit copy of the target)")
+    p.add_argument("--low-bit", default="int8_asym", help="target IR weight format (default int8_asym)")
+    p.add_argument("--draft-low-bit", default="int4_sym", help="draft IR weight format (default int4_sym)")
+    p.add_argument("--systems", default=None,
+                   help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all that can run)")
+    p.add_argument("--baseline", default=None, help="system the ratios divide by (default genai, else the first)")
+    p.add_argument("--prompts", default="4", help="sets code,prose,edit; set:N; or N per set (default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--interleave", default="prompt", choices=INTERLEAVE,
+                   help="prompt: all systems loaded, A B C per prompt (default); repeat: one system loaded at a time")
+    p.add_argument("--kv-cache-precision", default="f32", choices=("f32", "f16", "u8", "default"),
+                   help="OpenVINO CPU KV cache precision for every OpenVINO system (default f32: exact; "
+                        "'default' leaves each tool's own)")
+    p.add_argument("--num-assistant-tokens", type=int, default=None,
+                   help="draft length k for every speculative system (default: each tool's own)")
+    p.add_argument("--no-cost-model", action="store_true", help="turn xpuspec's speculation cost model off")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
+                   help="read bandwidth in GB/s for the roofline, instead of measuring it")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw tokens/s and acceptance against speed-up")
+    p.add_argument("--compare", nargs=2, default=None, metavar=("A.json", "B.json"),
+                   help="compare two reports instead of running")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``xpuspec bench`` from parsed arguments: print the table, write JSON and plot if asked."""
+    from . import report
+
+    if args.compare:
+        a, b = (report.load(path) for path in args.compare)
+        print(report.compare(a, b))
+        return 0
+    settings = BenchSettings(
+        model=args.model, draft=args.draft, low_bit=args.low_bit, draft_low_bit=args.draft_low_bit,
+        systems=parse_systems(args.systems, args.draft is not None), baseline=args.baseline, prompts=args.prompts,
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, interleave=args.interleave,
+        kv_cache_precision=None if args.kv_cache_precision == "default" else args.kv_cache_precision,
+        num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,
+        bandwidth=args.bandwidth * 1e9 if args.bandwidth else None)
+    result = run(settings, progress=not args.no_progress, command=" ".join(["xpuspec"] + sys.argv[1:]))
+    report.validate(result)
+    print(report.markdown(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        report.plot(result, args.plot)
+    return 0

@@ -1,0 +1,403 @@
+"""The systems a benchmark compares, each driven through its own public API, and how a call is timed.
+
+Every system is timed the same way, from outside: wall-clock seconds from the ``generate`` call to
+the streamer callback that delivers the first new token (TTFT), to the callback of the last one,
+and to the return. Decode tokens/s is ``(new tokens - tokens of the first callback) / (last - first
+callback)``, which excludes the first token (and, where a tool verifies drafts in its prefill pass, the
+drafts that came with it); end-to-end tokens/s is ``new tokens / (return - call)``. Every call generates exactly ``max_new_tokens``
+(``min_new_tokens`` is set to the same value), greedily, on the same prompt token ids.
+
+Weights: transformers systems (``family="hf"``) run the fp32 source folder; every OpenVINO system
+(``family="ir"``: optimum-intel, openvino_genai, xpuspec) runs the same IR folder from xpuspec's
+cache, and the OpenVINO draft models the same draft IR.
+"""
+
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from ..speculative.audit import top2_margins
+
+#: Draft lengths used when ``--num-assistant-tokens`` is not given: each tool's documented example value.
+DEFAULT_K = {"hf-lookup": 10, "genai-spec": 3, "genai-lookup": 5}
+#: n-gram size openvino_genai's prompt lookup matches (its sample's value).
+GENAI_MAX_NGRAM = 3
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the systems of one run share; pickled to every worker process.
+
+    Attributes:
+        model: the target as given (built-in name or folder).
+        hf_path: the target's Hugging Face fp32 folder (``None`` when the target is an IR folder).
+        ir: the target's OpenVINO IR folder (``low_bit`` weights).
+        low_bit: the target's weight format (``"int8_asym"``).
+        draft: the draft model as given, or ``None`` (then OpenVINO drafts are a low-bit copy of the target).
+        draft_hf_path: the draft's fp32 folder, or ``None``.
+        draft_ir: the draft IR folder openvino_genai's ``draft_model`` loads.
+        draft_low_bit: the draft's weight format (``"int4_sym"``).
+        kv_cache_precision: OpenVINO CPU ``KV_CACHE_PRECISION`` for every OpenVINO system
+            (``"f32"``, ``"u8"``, ``"f16"``), or ``None`` for each tool's default.
+        num_assistant_tokens: draft length k for every speculative system, or ``None`` for each tool's default.
+        cost_model: xpuspec's speculation cost model on or off.
+    """
+
+    model: str
+    hf_path: Optional[str]
+    ir: str
+    low_bit: str
+    draft: Optional[str] = None
+    draft_hf_path: Optional[str] = None
+    draft_ir: Optional[str] = None
+    draft_low_bit: str = "int4_sym"
+    kv_cache_precision: Optional[str] = "f32"
+    num_assistant_tokens: Optional[int] = None
+    cost_model: bool = True
+
+    def ov_properties(self) -> Dict[str, str]:
+        """OpenVINO compile properties given to every OpenVINO system alike."""
+        props = {"PERFORMANCE_HINT": "LATENCY"}
+        if self.kv_cache_precision:
+            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        return props
+
+
+@dataclass
+class Sample:
+    """One timed ``generate`` call.
+
+    Attributes:
+        tokens: the new token ids.
+        ttft_s: seconds from the call to the first new token (prefill included).
+        decode_s: seconds from the first step's tokens to the last new token.
+        total_s: seconds from the call to its return.
+        steps: decode steps that delivered tokens (target forwards, prefill included, for xpuspec;
+            streamer callbacks for the others).
+        first_step_tokens: tokens the first step delivered (more than 1 when a tool verifies drafts
+            in its prefill pass, as transformers' assisted generation does).
+        drafted, accepted: drafted and accepted draft tokens, where the tool's API exposes them, else ``None``.
+    """
+
+    tokens: List[int]
+    ttft_s: float
+    decode_s: float
+    total_s: float
+    steps: int
+    first_step_tokens: int
+    drafted: Optional[int] = None
+    accepted: Optional[int] = None
+
+
+class Arrivals:
+    """Clock of one call: records when each batch of new tokens arrives through a streamer."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.times: List[float] = []
+        self.sizes: List[int] = []
+
+    def add(self, n: int) -> None:
+        if n:
+            self.times.append(time.perf_counter())
+            self.sizes.append(n)
+
+    def sample(self, tokens: List[int], **counts) -> Sample:
+        end = time.perf_counter()
+        if not self.times:
+            raise RuntimeError("the streamer received no tokens")
+        return Sample(tokens=list(tokens), ttft_s=self.times[0] - self.start, decode_s=self.times[-1] - self.times[0],
+                      total_s=end - self.start, steps=counts.pop("steps", len(self.sizes)),
+                      first_step_tokens=self.sizes[0], **counts)
+
+
+def _hf_streamer(arrivals: Arrivals):
+    """A transformers streamer feeding ``arrivals``; the first ``put`` (the prompt) is skipped."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class _Streamer(BaseStreamer):
+        prompt_seen = False
+
+        def put(self, value):
+            if self.prompt_seen:
+                arrivals.add(int(value.numel()))
+            self.prompt_seen = True
+
+        def end(self):
+            pass
+
+    return _Streamer()
+
+
+class System:
+    """One competitor: ``load`` once, then ``generate`` per prompt.
+
+    Attributes:
+        name: the system's name on the command line.
+        family: ``"hf"`` or ``"ir"``: whose weights it runs, and so which plain greedy output audits it.
+        speculative: whether it drafts.
+        needs_draft: it cannot run without ``--draft``.
+        weight_bytes: bytes of target weights read per plain decode step (set by ``load``).
+    """
+
+    name = ""
+    family = "ir"
+    speculative = False
+    needs_draft = False
+
+    def __init__(self, name: str, setup: Setup):
+        self.name, self.setup = name, setup
+        self.weight_bytes = 0
+
+    def load(self) -> dict:
+        """Load the model(s); return the settings used (JSON-serialisable)."""
+        raise NotImplementedError
+
+    def generate(self, ids: List[int], max_new_tokens: int) -> Sample:
+        """Greedy generation of exactly ``max_new_tokens`` tokens after ``ids``, timed."""
+        raise NotImplementedError
+
+    def reference(self, ids: List[int], max_new_tokens: int) -> Tuple[List[int], List[float]]:
+        """Plain greedy tokens and the top-2 margin at each step (only reference systems implement it)."""
+        raise NotImplementedError(f"{self.name} is not a reference system")
+
+    def peak_rss_bytes(self) -> int:
+        """Peak resident memory of this process so far (the worker runs one system): Linux's ``VmHWM``,
+        which starts afresh at ``exec`` (``ru_maxrss`` would carry over the parent's peak)."""
+        try:
+            status = Path("/proc/self/status").read_text()
+        except OSError:
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+        return int(kib) * 1024
+
+    def _k(self, default: Optional[int]) -> Optional[int]:
+        return self.setup.num_assistant_tokens or default
+
+
+def _genai_streamer(arrivals: Arrivals):
+    """An openvino_genai streamer feeding ``arrivals`` (it is called with one token or a list per step)."""
+    import openvino_genai
+
+    class _Streamer(openvino_genai.StreamerBase):
+        def write(self, token):
+            arrivals.add(len(token) if isinstance(token, list) else 1)
+            return openvino_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    return _Streamer()
+
+
+def _ir_bytes(folder: str) -> int:
+    return (Path(folder) / "openvino_model.bin").stat().st_size
+
+
+class TransformersSystem(System):
+    """transformers fp32 ``generate``: plain (``hf``), with ``assistant_model`` = the draft in fp32
+    (``hf-assisted``), or with ``prompt_lookup_num_tokens`` (``hf-lookup``)."""
+
+    family = "hf"
+
+    def load(self) -> dict:
+        import torch
+        import transformers
+
+        if self.setup.hf_path is None:
+            raise ValueError(f"{self.name} needs a Hugging Face model folder; {self.setup.model} is an IR folder.")
+        load = dict(dtype=torch.float32)
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(self.setup.hf_path, **load).eval()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.kwargs, settings = {}, {"weights": "fp32", "torch_threads": torch.get_num_threads()}
+        if self.name == "hf-assisted":
+            assistant = transformers.AutoModelForCausalLM.from_pretrained(self.setup.draft_hf_path, **load).eval()
+            self.kwargs["assistant_model"] = assistant
+            if self.setup.num_assistant_tokens:
+                self.kwargs["num_assistant_tokens"] = self.setup.num_assistant_tokens
+            gc = assistant.generation_config
+            settings.update(assistant=self.setup.draft, num_assistant_tokens=self.kwargs.get(
+                "num_assistant_tokens", gc.num_assistant_tokens), num_assistant_tokens_schedule=gc.num_assistant_tokens_schedule)
+        elif self.name == "hf-lookup":
+            self.kwargs["prompt_lookup_num_tokens"] = self._k(DEFAULT_K["hf-lookup"])
+            settings.update(prompt_lookup_num_tokens=self.kwargs["prompt_lookup_num_tokens"])
+        return settings
+
+    def _generate(self, ids, max_new_tokens, **kwargs):
+        import torch
+
+        input_ids = torch.tensor([ids])
+        with torch.inference_mode():
+            return self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                       max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                       do_sample=False, **kwargs)
+
+    def generate(self, ids, max_new_tokens):
+        arrivals = Arrivals()
+        out = self._generate(ids, max_new_tokens, streamer=_hf_streamer(arrivals), **self.kwargs)
+        return arrivals.sample(out[0, len(ids):].tolist())
+
+    def reference(self, ids, max_new_tokens):
+        out = self._generate(ids, max_new_tokens, return_dict_in_generate=True, output_scores=True)
+        return out.sequences[0, len(ids):].tolist(), top2_margins(out.scores)
+
+
+class OptimumSystem(TransformersSystem):
+    """optimum-intel ``OVModelForCausalLM.generate`` on the target IR."""
+
+    family = "ir"
+
+    def load(self) -> dict:
+        from optimum.intel import OVModelForCausalLM
+
+        self.model = OVModelForCausalLM.from_pretrained(self.setup.ir, ov_config=self.setup.ov_properties())
+        self.weight_bytes = _ir_bytes(self.setup.ir)
+        self.kwargs = {}
+        return {"ir": self.setup.ir, "ov_config": self.setup.ov_properties()}
+
+
+class GenAISystem(System):
+    """``openvino_genai.LLMPipeline`` on the target IR: plain (``genai``), with ``draft_model`` = the
+    draft IR (``genai-spec``), or with ``prompt_lookup=True`` (``genai-lookup``). Prompts go in as
+    token ids, so no chat template is applied."""
+
+    def load(self) -> dict:
+        import openvino_genai
+
+        props = self.setup.ov_properties()
+        extra, settings = {}, {"ir": self.setup.ir, "properties": props}
+        if self.name == "genai-spec":
+            extra["draft_model"] = openvino_genai.draft_model(self.setup.draft_ir, "CPU", **props)
+            settings.update(draft_ir=self.setup.draft_ir)
+        elif self.name == "genai-lookup":
+            extra["prompt_lookup"] = True
+        self.pipe = openvino_genai.LLMPipeline(self.setup.ir, "CPU", **extra, **props)
+        self.weight_bytes = _ir_bytes(self.setup.ir)
+        self.config = self.pipe.get_generation_config()
+        self.config.do_sample = False
+        if self.name != "genai":
+            self.config.num_assistant_tokens = self._k(DEFAULT_K[self.name])
+            settings.update(num_assistant_tokens=self.config.num_assistant_tokens)
+        if self.name == "genai-lookup":
+            self.config.max_ngram_size = GENAI_MAX_NGRAM
+            settings.update(max_ngram_size=GENAI_MAX_NGRAM)
+        return settings
+
+    def generate(self, ids, max_new_tokens):
+        import numpy as np
+        import openvino as ov
+
+        self.config.max_new_tokens = self.config.min_new_tokens = max_new_tokens
+        arrivals = Arrivals()
+        streamer = _genai_streamer(arrivals)
+        result = self.pipe.generate(ov.Tensor(np.asarray([ids], dtype=np.int64)), self.config, streamer)
+        counts = {}
+        metrics = getattr(result, "extended_perf_metrics", None)
+        if metrics is not None and hasattr(metrics, "get_num_accepted_tokens"):
+            counts = dict(drafted=int(metrics.get_num_draft_tokens()), accepted=int(metrics.get_num_accepted_tokens()))
+        return arrivals.sample(list(result.tokens[0]), **counts)
+
+
+class XpuspecSystem(System):
+    """xpuspec on the target IR: plain (``xpuspec``) or speculative (``xpuspec-spec:MODE``)."""
+
+    MODES = {"self": "self", "layer-skip": "layer_skip", "lookup": "prompt_lookup", "hybrid": "hybrid", "draft": "draft"}
+    #: Modes whose draft is not the --draft-low-bit copy (layer-skip drafts in the target's own format).
+    OWN_FORMAT = ("prompt_lookup", "layer_skip")
+
+    def load(self) -> dict:
+        from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+
+        mode = self.MODES.get(self.name.partition(":")[2])
+        spec = None
+        if mode:
+            k = {"num_assistant_tokens": self.setup.num_assistant_tokens} if self.setup.num_assistant_tokens else {}
+            draft = self.setup.draft if mode in ("draft", "hybrid") else None
+            spec = SpeculativeConfig(mode=mode, draft=draft, cost_model=self.setup.cost_model, **k,
+                                     draft_low_bit=None if mode in self.OWN_FORMAT else self.setup.draft_low_bit)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.setup.model, device="cpu", load_in_low_bit=self.setup.low_bit, speculative=spec,
+            ov_config={"KV_CACHE_PRECISION": self.setup.kv_cache_precision} if self.setup.kv_cache_precision else None)
+        folder = Path(self.model.runner.folder).resolve()
+        if self.setup.ir and folder != Path(self.setup.ir).resolve():
+            raise RuntimeError(f"xpuspec loaded {folder}, not the benchmark's IR {self.setup.ir}")
+        self.weight_bytes = self.model.runner.weight_bytes
+        settings = {"ir": str(folder), "ov_config": self.model.runner.config}
+        if spec is not None:
+            settings["speculative"] = {k: v for k, v in spec.__dict__.items() if v is not None}
+        if self.model.draft_model is not None:
+            settings["draft_ir"] = str(self.model.draft_model.runner.folder)
+        return settings
+
+    def _generate(self, ids, max_new_tokens, **kwargs):
+        import torch
+
+        return self.model.generate(input_ids=torch.tensor([ids]), max_new_tokens=max_new_tokens,
+                                   min_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+
+    def generate(self, ids, max_new_tokens):
+        arrivals = Arrivals()
+        out = self._generate(ids, max_new_tokens, streamer=_hf_streamer(arrivals))
+        stats = self.model.last_generate_stats
+        counts = dict(steps=stats.target_forwards)
+        if self.speculative:
+            counts.update(drafted=stats.drafted_tokens, accepted=stats.accepted_tokens)
+        return arrivals.sample(out[0, len(ids):].tolist(), **counts)
+
+    def reference(self, ids, max_new_tokens):
+        out = self._generate(ids, max_new_tokens, speculative=False, return_dict_in_generate=True, output_scores=True)
+        return out.sequences[0, len(ids):].tolist(), top2_margins(out.scores)
+
+
+def _spec(cls, needs_draft=False):
+    return type(cls.__name__, (cls,), {"speculative": True, "needs_draft": needs_draft})
+
+
+#: Every system by name.
+SYSTEMS = {
+    "hf": TransformersSystem,
+    "hf-assisted": _spec(TransformersSystem, needs_draft=True),
+    "hf-lookup": _spec(TransformersSystem),
+    "optimum": OptimumSystem,
+    "genai": GenAISystem,
+    "genai-spec": _spec(GenAISystem),
+    "genai-lookup": _spec(GenAISystem),
+    "xpuspec": XpuspecSystem,
+    "xpuspec-spec:self": _spec(XpuspecSystem),
+    "xpuspec-spec:layer-skip": _spec(XpuspecSystem),
+    "xpuspec-spec:lookup": _spec(XpuspecSystem),
+    "xpuspec-spec:hybrid": _spec(XpuspecSystem),
+    "xpuspec-spec:draft": _spec(XpuspecSystem, needs_draft=True),
+}
+#: The system whose plain greedy output audits each weight family.
+REFERENCE = {"hf": "hf", "ir": "xpuspec"}
+
+
+def make(name: str, setup: Setup) -> System:
+    """The system called ``name``; see :func:`parse_systems` for the checks."""
+    return SYSTEMS[name](name, setup)
+
+
+def parse_systems(text: Optional[str], has_draft: bool) -> List[str]:
+    """Parse ``--systems`` (comma-separated names; ``None``: every system that can run).
+
+    Raises:
+        ValueError: an unknown or repeated name (the message lists the valid ones), or a system
+            that needs ``--draft`` without one.
+    """
+    if text is None:
+        return [n for n, cls in SYSTEMS.items() if has_draft or not cls.needs_draft]
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown or not names:
+        raise ValueError(f"Unknown system {', '.join(map(repr, unknown)) or '(none given)'}; "
+                         f"valid systems: {', '.join(SYSTEMS)}.")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"System {', '.join(repeated)} is listed twice in --systems.")
+    drafted = [n for n in names if SYSTEMS[n].needs_draft]
+    if drafted and not has_draft:
+        raise ValueError(f"{', '.join(drafted)} need a draft model: add --draft NAME (e.g. --draft qwen2.5-coder-0.5b-instruct).")
+    return names
