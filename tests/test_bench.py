@@ -75,9 +75,10 @@ def test_system_names_are_checked():
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
-    """Every system on a tiny target with a tiny draft: 2 prompts x 2 repeats, 8 tokens, in its own cache."""
+    """Every system on a tiny target (4 layers, so layer-skip has middle layers) with a tiny draft:
+    2 prompts x 2 repeats, 8 tokens, in its own cache."""
     root = tmp_path_factory.mktemp("bench")
-    target, draft = tiny_model(root / "target", seed=1), tiny_model(root / "draft", seed=2)
+    target, draft = tiny_model(root / "target", seed=1, layers=4), tiny_model(root / "draft", seed=2)
     old = os.environ.get("XPUSPEC_CACHE")
     os.environ["XPUSPEC_CACHE"] = str(root / "cache")
     try:

@@ -90,6 +90,8 @@ def test_bad_layer_skip_requests(tiny_deep, tmp_path):
             layer_skip_model(source, skip)
     with pytest.raises(ValueError, match="skip_layers applies to mode='layer_skip'"):
         SpeculativeConfig(mode="self", skip_layers=(1,))
+    with pytest.raises(ModelSourceError, match="at least 3"):
+        calibrate(_hf(tiny_model(tmp_path / "two", seed=4)), torch.tensor([[1, 5, 7]]))
     ir = tmp_path / "ir"
     ir.mkdir()
     (ir / "openvino_model.xml").write_text("<net/>")

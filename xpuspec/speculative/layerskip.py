@@ -159,10 +159,13 @@ def calibrate(model, input_ids: torch.Tensor) -> LayerSkipPlan:
         The :class:`LayerSkipPlan` with the best predicted speed-up.
 
     Raises:
-        ModelSourceError: the model has no ``model.layers`` to skip.
+        ModelSourceError: the model has no ``model.layers`` to skip, or fewer than 3 of them.
     """
     layers = _layers(model)
     n = len(layers)
+    if n < 3:
+        raise ModelSourceError(f"Layer-skip drafting keeps the first and last layers, so it needs at least 3; "
+                               f"this model has {n}. Use speculative=True or a draft model instead.")
     full = model(input_ids=input_ids, use_cache=False, output_hidden_states=True)
     reference, hidden = full.logits[0].argmax(-1), full.hidden_states
 
