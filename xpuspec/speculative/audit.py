@@ -9,7 +9,6 @@ the output ("VIOLATION", a bug).
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-import torch
 
 IDENTICAL, TIE, VIOLATION = "identical", "tie", "VIOLATION"
 #: Logit margin under which a divergence counts as a tie (f32 KV verify vs single-step agree within ~1e-4).
@@ -34,7 +33,7 @@ class AuditResult:
     stats: object = field(default=None, repr=False)
 
 
-def audit(model, input_ids: torch.Tensor, max_new_tokens: int = 64, tolerance: float = DEFAULT_TOLERANCE,
+def audit(model, input_ids: "torch.Tensor", max_new_tokens: int = 64, tolerance: float = DEFAULT_TOLERANCE,
           **speculative_kwargs) -> AuditResult:
     """Run ``model`` greedily with and without speculation on one prompt and classify the difference.
 
