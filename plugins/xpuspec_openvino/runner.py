@@ -59,13 +59,17 @@ class OpenVINORunner(Runner):
         self.compiled = core.compile_model(model, device.upper(), self.config)
         self.request = self.compiled.create_infer_request()
         self.max_dead_slots = max_dead_slots if "attention_mask" in self._inputs else 0
-        self.fixed_verify_width = self.max_dead_slots > 0
         self._live = np.zeros(0, dtype=np.int64)  # one entry per slot of the state tensors: 1 live, 0 dead
         self._length = 0
 
     @property
     def length(self) -> int:
         return self._length
+
+    @property
+    def fixed_verify_width(self) -> bool:
+        """Pad verify passes only while padding is masked out for free (not when every rollback copies)."""
+        return self.max_dead_slots > 0
 
     @property
     def dead_slots(self) -> int:
