@@ -130,6 +130,12 @@ def _bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
+def _set_layers(model, layers) -> None:
+    """Give ``model`` these decoder layers, and its config their number."""
+    model.model.layers = torch.nn.ModuleList(layers)
+    model.config.num_hidden_layers = len(layers)
+
+
 class _Skipping:
     """Context manager that runs ``model`` without some decoder layers (no KV cache involved)."""
 
@@ -138,13 +144,11 @@ class _Skipping:
 
     def __enter__(self):
         self.full = _layers(self.model)
-        self.model.model.layers = torch.nn.ModuleList([m for i, m in enumerate(self.full) if i not in self.skip])
-        self.model.config.num_hidden_layers = len(self.model.model.layers)
+        _set_layers(self.model, [m for i, m in enumerate(self.full) if i not in self.skip])
         return self.model
 
     def __exit__(self, *exc):
-        self.model.model.layers = self.full
-        self.model.config.num_hidden_layers = len(self.full)
+        _set_layers(self.model, self.full)
 
 
 @torch.inference_mode()
@@ -234,7 +238,7 @@ def layer_skip_model(source, skip: Optional[Sequence[int]] = None) -> Path:
         The folder (config, weights of the kept layers renumbered 0..m-1, tokenizer files).
 
     Raises:
-        ModelSourceError: an IR source, or ``skip`` names no valid middle layer set.
+        ModelSourceError: an IR source, or ``skip`` is empty, out of range, or every layer.
     """
     plan = layer_skip_plan(source) if skip is None else None
     skip = sorted(set(plan.skip if plan else skip))
@@ -255,11 +259,9 @@ def layer_skip_model(source, skip: Optional[Sequence[int]] = None) -> Path:
         kept = [m for i, m in enumerate(_layers(model)) if i not in skip]
         for new_index, layer in enumerate(kept):
             layer.self_attn.layer_idx = new_index
-        model.model.layers = torch.nn.ModuleList(kept)
-        config = model.config
-        config.num_hidden_layers = len(kept)
-        if getattr(config, "layer_types", None):
-            config.layer_types = [t for i, t in enumerate(config.layer_types) if i not in skip]
+        _set_layers(model, kept)
+        if getattr(model.config, "layer_types", None):
+            model.config.layer_types = [t for i, t in enumerate(model.config.layer_types) if i not in skip]
         model.save_pretrained(tmp)
         for f in source.path.iterdir():  # tokenizer and generation config, unchanged
             if f.is_file() and not (tmp / f.name).exists() and not f.name.endswith((".safetensors", ".bin", ".lock")):
