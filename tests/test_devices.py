@@ -41,6 +41,6 @@ def test_typo_suggests_the_closest_device():
         resolve_device("cpuu")
 
 
-def test_device_list_is_not_silently_ignored():
-    with pytest.raises(NotImplementedError, match="pipeline-parallel"):
+def test_device_list_is_refused_where_one_device_is_needed():
+    with pytest.raises(DeviceNotFoundError, match="names pipeline stages"):
         resolve_device("cpu,cpu")

@@ -115,7 +115,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     target.reset()
     if drafter is not None:
         drafter.reset()
-    rows, drafts, draft_probs, speculative_round = target.forward(prompt)[-1:], [], None, False
+    rows, drafts, draft_probs, speculative_round = target.forward(prompt, logits_to_keep=1), [], None, False
     stats.target_forwards = 1
     while limit > 0:
         scored = torch.cat([score(context + drafts[:i], rows[i:i + 1]) for i in range(len(drafts) + 1)])

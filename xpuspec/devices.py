@@ -175,7 +175,7 @@ def resolve_device(device=None, backend: Optional[str] = None) -> Tuple[Backend,
     Raises:
         DeviceNotFoundError: the spelling is unknown (with the closest valid one suggested),
             or the device is absent here (with the devices that exist listed).
-        NotImplementedError: a comma-separated list (pipeline stages) was given.
+        DeviceNotFoundError: a comma-separated list was given where one device is needed.
     """
     spec = requested_device(device)
     available = all_devices()
@@ -183,9 +183,9 @@ def resolve_device(device=None, backend: Optional[str] = None) -> Tuple[Backend,
         get_backend(backend)
         available = [d for d in available if d.backend == backend]
     if "," in spec:
-        raise NotImplementedError(
-            f"Device list {spec!r} asks for pipeline-parallel stages, which this version does not support yet. "
-            "Give a single device."
+        raise DeviceNotFoundError(
+            f"Device list {spec!r} names pipeline stages, but this model runs on one device (a draft model "
+            "always does). Give a single device here; device lists apply to the target's from_pretrained."
         )
     if spec == "auto":
         for kind in AUTO_PREFERENCE:

@@ -10,7 +10,6 @@ from transformers import GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import METADATA_FILE, atomic_folder, read_metadata
-from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
 from .decode import decode
 from .generation import pack_output, resolve_generation_config
@@ -18,6 +17,7 @@ from .hf_folder import check_tokenizer_files
 from .inputs import check_fits, check_input_ids, clamp_to_context
 from .lowbit import decoder_in_channels, resolve_low_bit
 from .sources import ModelSource, resolve_source
+from .stages import check_split, resolve_stage_devices
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_model
 from .speculative.pairing import check_draft, plan_speculation
@@ -34,7 +34,8 @@ class XpuspecModelForCausalLM:
         config: the transformers ``PretrainedConfig``.
         generation_config: defaults for :meth:`generate` (from ``generation_config.json``).
         device: ``torch.device`` that input and output tensors live on (``cpu`` for OpenVINO, as in optimum-intel).
-        device_name: where the model runs, in xpuspec's spelling (``"cpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu:0"``).
+        device_name: where the model runs, in xpuspec's spelling (``"cpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu:0"``;
+            ``"gpu.0,gpu.1"`` for pipeline stages).
         backend_name: entry-point name of the backend (``"openvino"``, ``"torch"``).
         low_bit: the :class:`LowBitConfig` applied, or ``None``.
         runner: the backend's :class:`xpuspec.runner.Runner`.
@@ -59,6 +60,12 @@ class XpuspecModelForCausalLM:
         self.last_generate_stats = None
         self.speculative_config: Optional[SpeculativeConfig] = None
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
+
+    @property
+    def device_map(self):
+        """One dict per pipeline stage: ``stage``, ``device``, ``layers`` (``[first, end)``), ``weight_bytes``
+        (and, on OpenVINO, ``execution_devices``: where the compiled stage really runs). One entry when unsplit."""
+        return self.runner.device_map
 
     @property
     def device(self) -> torch.device:
@@ -216,6 +223,8 @@ class AutoModelForCausalLM:
         draft_device: Optional[str] = None,
         dtype=None,
         torch_dtype=None,
+        pipeline_parallel_stages: Optional[int] = None,
+        split=None,
         **kwargs,
     ) -> XpuspecModelForCausalLM:
         """Load a causal LM and place it on a device, compressing its weights if asked.
@@ -224,7 +233,8 @@ class AutoModelForCausalLM:
             pretrained_model_name_or_path: a built-in name (``"smollm2-135m-instruct"``), a local
                 Hugging Face folder, an OpenVINO IR folder, or a hub id.
             device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"``, ``"auto"`` or a ``torch.device``;
-                default ``$XPUSPEC_DEVICE``, else ``"auto"``.
+                default ``$XPUSPEC_DEVICE``, else ``"auto"``. A list such as ``"gpu.0,gpu.1"`` splits the
+                model into pipeline stages, one per device.
             backend: force a backend by entry-point name (``"openvino"``, ``"torch"``).
             load_in_low_bit: ``"int4_sym"``, ``"int4_asym"``, ``"int8_sym"``, ``"int8_asym"``, ``"fp16"``,
                 ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision.
@@ -240,11 +250,15 @@ class AutoModelForCausalLM:
                 model's own format for layer-skip).
             draft_device: the draft's device (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
             dtype, torch_dtype: ``torch.float16`` / ``torch.float32``, as a format when no low-bit one is given.
+            pipeline_parallel_stages: split the decoder layers into this many stages (ipex-llm's name): on
+                ``gpu``/``xpu`` one per device (gpu.0 .. gpu.N-1), on ``cpu`` all on the CPU. See :attr:`device_map`.
+            split: layers per stage, e.g. ``[10, 20]``; default balanced by weight bytes.
 
         Raises:
             ModelSourceError: the model cannot be found or is not a model folder.
             DeviceNotFoundError: the device is unknown or absent.
             LowBitConfigError: an invalid format, parameter, or NPU rule.
+            ValueError: more pipeline stages than layers, or a ``split`` that does not fit them.
             DraftMismatchError: the draft's vocabulary differs from the target's.
             TypeError: an unknown keyword argument.
         """
@@ -258,14 +272,17 @@ class AutoModelForCausalLM:
             load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
         low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
-        chosen_backend, device_name = resolve_device(device, backend)
-        if low_bit is not None:
-            low_bit.check_device(device_name)  # before any slow work
+        chosen_backend, stage_devices = resolve_stage_devices(device, pipeline_parallel_stages, backend)
+        device_name = ",".join(stage_devices)
+        for name in stage_devices if low_bit is not None else ():
+            low_bit.check_device(name)  # before any slow work
         source = resolve_source(pretrained_model_name_or_path)
         config = source.config  # a config transformers cannot read fails here, before a backend loads
+        split = check_split(split, len(stage_devices), config.num_hidden_layers)
         if low_bit is not None:
-            low_bit = low_bit.fitted(decoder_in_channels(config), device_name)
-        runner = chosen_backend.load(source, device_name, low_bit, ov_config=ov_config)
+            low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
+        stages = dict(stages=stage_devices, split=split) if len(stage_devices) > 1 else {}
+        runner = chosen_backend.load(source, stage_devices[0], low_bit, ov_config=ov_config, **stages)
         if low_bit is None:
             low_bit = source.saved_low_bit
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
@@ -273,7 +290,7 @@ class AutoModelForCausalLM:
         if spec is not None:
             model.speculative_config = spec
             if spec.uses_model:
-                draft_device_name = spec.resolved_draft_device or device_name
+                draft_device_name = spec.resolved_draft_device or stage_devices[0]
                 model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
                     _draft_source(spec, source, pretrained_model_name_or_path), device=draft_device_name,
                     load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),

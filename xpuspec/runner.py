@@ -4,7 +4,7 @@ The decode loop talks only to this interface; it knows nothing of OpenVINO or to
 """
 
 from abc import ABC, abstractmethod
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -15,7 +15,8 @@ class Runner(ABC):
     Attributes:
         device: the device the model runs on, in xpuspec's spelling (``"cpu"``, ``"gpu.1"``, ``"xpu:0"``).
         vocab_size: rows of the logits (may exceed the tokenizer's vocabulary when padded).
-        weight_bytes: bytes of weights held by this runner.
+        weight_bytes: bytes of weights held by this runner (all its stages together).
+        num_layers: decoder layers of the model.
         length: tokens currently in the KV cache.
         max_length: tokens the KV cache can hold, when the backend fixes it (NPU); else ``None``.
         max_prompt_len: longest prompt one prefill takes, when the backend fixes it (NPU); else ``None``.
@@ -27,6 +28,7 @@ class Runner(ABC):
     device: str
     vocab_size: int
     weight_bytes: int
+    num_layers: int
     max_length: Optional[int] = None
     max_prompt_len: Optional[int] = None
     fixed_verify_width: bool = False
@@ -36,15 +38,24 @@ class Runner(ABC):
     def length(self) -> int:
         """Tokens currently held in the KV cache."""
 
+    @property
+    def device_map(self) -> List[dict]:
+        """Where the model's parts live, one dict per pipeline stage: ``stage`` (index), ``device``,
+        ``layers`` (``[first, end)``) and ``weight_bytes`` (int). A runner on one device has one stage."""
+        return [{"stage": 0, "device": self.device, "layers": [0, self.num_layers], "weight_bytes": self.weight_bytes}]
+
     @abstractmethod
-    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
         """Append ``tokens`` to the KV cache and return their logits.
 
         Args:
             tokens: k >= 1 token ids (ints), positions ``length .. length+k-1``.
+            logits_to_keep: return the logits of this many last positions only (transformers'
+                name; a prefill needs one row); ``None`` returns all k.
 
         Returns:
-            float32 tensor ``[k, vocab_size]`` on the CPU: row i scores the token after ``tokens[i]``.
+            float32 tensor ``[k, vocab_size]`` (``[logits_to_keep, vocab_size]``) on the CPU: row i
+            scores the token after ``tokens[i]``.
         """
 
     @abstractmethod

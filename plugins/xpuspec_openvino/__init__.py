@@ -4,18 +4,33 @@ Registered as the ``openvino`` entry point in the ``xpuspec.backends`` group.
 """
 
 import logging
+import os
 import shutil
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from xpuspec.cache import cache_root
 from xpuspec.devices import Backend, DeviceInfo
+from xpuspec.errors import DeviceNotFoundError
 
 log = logging.getLogger("xpuspec")
 
 #: NPU runs an LLM through OpenVINO's NPUW LLM pipeline with static prompt and response windows.
 NPU_MAX_PROMPT_LEN = 1024
 NPU_MIN_RESPONSE_LEN = 128
+#: Comma-separated extra names under which OpenVINO's CPU plugin is registered a second time, e.g.
+#: ``cpux``: one CPU then shows as two real devices (``cpu``, ``cpux``) for multi-device runs.
+CPU_ALIASES_ENV = "XPUSPEC_CPU_ALIASES"
+
+
+def cpu_aliases() -> List[str]:
+    """The extra CPU device names from ``$XPUSPEC_CPU_ALIASES`` (lowercase)."""
+    return [a.strip().lower() for a in os.environ.get(CPU_ALIASES_ENV, "").split(",") if a.strip()]
+
+
+def _kind(device: str) -> str:
+    base = device.split(".")[0]
+    return "cpu" if base in cpu_aliases() else base
 
 
 def compile_config(device: str, user_config: Optional[dict] = None) -> dict:
@@ -25,7 +40,7 @@ def compile_config(device: str, user_config: Optional[dict] = None) -> dict:
     single-token decoding at near-ties (measured, ../shared/OPENVINO-NOTES.md), at no
     measurable speed cost for f32 at this size. GPU and NPU cache compiled blobs.
     """
-    kind = device.split(".")[0]
+    kind = _kind(device)
     config = {"PERFORMANCE_HINT": "LATENCY"}
     if kind == "cpu":
         config["KV_CACHE_PRECISION"] = "f32"
@@ -50,7 +65,16 @@ class OpenVINOBackend(Backend):
 
         self.core = ov.Core()
 
+    def _register_cpu_aliases(self) -> None:
+        """Register the CPU plugin under each name in ``$XPUSPEC_CPU_ALIASES`` not yet known."""
+        import openvino as ov
+
+        for alias in cpu_aliases():
+            if alias.upper() not in self.core.available_devices:
+                self.core.register_plugin(str(_cpu_plugin_library(ov)), alias.upper())
+
     def devices(self) -> List[DeviceInfo]:
+        self._register_cpu_aliases()
         found = []
         for name in self.core.available_devices:
             props = {}
@@ -69,12 +93,24 @@ class OpenVINOBackend(Backend):
             aliases |= {"gpu", "gpu.0"}
         return requested in aliases
 
-    def load(self, source, device: str, low_bit, ov_config: Optional[dict] = None, **_):
+    def load(self, source, device: str, low_bit, ov_config: Optional[dict] = None,
+             stages: Optional[Sequence[str]] = None, split: Optional[Sequence[int]] = None, **_):
+        """Compile ``source`` on ``device``, or split into pipeline stages on ``stages`` (one device each).
+
+        Raises:
+            DeviceNotFoundError: an NPU among several stages (NPUW runs a whole LLM).
+            ValueError: ``split`` does not fit the stages or the model's layers.
+        """
         from .ir import prepare_ir
         from .runner import OpenVINORunner
 
+        devices = list(stages or [device])
+        if len(devices) > 1 and any(_kind(d) == "npu" for d in devices):
+            raise DeviceNotFoundError(
+                f"The NPU runs a whole LLM through OpenVINO's NPUW pipeline and cannot hold one stage of {devices}. "
+                "Put the stages on CPU/GPU devices, and use the NPU for the draft (draft_device='npu').")
         folder = prepare_ir(source, low_bit)
-        return OpenVINORunner(self.core, folder, device, compile_config(device, ov_config))
+        return OpenVINORunner(self.core, folder, devices, [compile_config(d, ov_config) for d in devices], split)
 
     def save_low_bit(self, runner, folder) -> None:
         _copy_files(runner.folder, Path(folder))
@@ -84,6 +120,14 @@ class OpenVINOBackend(Backend):
 
         _copy_files(prepare_ir(source, low_bit), Path(folder))
         ensure_tokenizer_files(Path(folder), source.name)
+
+
+def _cpu_plugin_library(ov) -> Path:
+    found = sorted((Path(ov.__file__).parent / "libs").glob("*openvino_intel_cpu_plugin*"))
+    if not found:
+        raise DeviceNotFoundError(f"{CPU_ALIASES_ENV} is set, but OpenVINO's CPU plugin library is not in "
+                                  f"{Path(ov.__file__).parent / 'libs'}. Unset {CPU_ALIASES_ENV}.")
+    return found[0]
 
 
 def _copy_files(src: Path, dst: Path) -> None:

@@ -1,8 +1,15 @@
-"""Runner over a stateful OpenVINO IR (as exported by optimum-intel).
+"""Runner over a stateful OpenVINO IR (as exported by optimum-intel), whole or split into pipeline stages.
 
 The IR keeps its KV cache in variable states shaped ``[batch, kv_heads, seq, head_dim]``
 (sequence on axis 2). Inputs: ``input_ids [1,n] i64``, ``attention_mask [1,past+n] i64``,
-``position_ids [1,n] i64``, ``beam_idx [1] i32``; output ``logits [1,n,vocab]``.
+``position_ids [1,n] i64``, ``beam_idx [1] i32``; output ``logits [1,n,vocab]``. At load the
+LM head is made to run on the last ``logits_to_keep`` positions only (:func:`graph.keep_last_logits`),
+so a prefill computes one row of logits, not one per prompt token.
+
+Pipeline stages (:func:`graph.split_stages`) run one after another, each compiled on its own
+device and holding the KV cache of its own layers; the hidden states of the last position block
+pass from one stage's output to the next stage's input. All stages see the same
+``attention_mask`` and ``position_ids``, so rollback and compaction apply to each alike.
 
 Rollback masks rather than copies: rejected tokens stay in the state tensors as *slots* whose
 ``attention_mask`` entry is 0, while ``position_ids`` count only live tokens, so the next
@@ -13,8 +20,9 @@ masking costs nothing per step. This needs an exact KV cache: never combine it w
 cache that changes with the sequence (see ``compile_config``).
 """
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import openvino as ov
@@ -22,15 +30,39 @@ import torch
 
 from xpuspec.runner import Runner
 
-from .ir import MODEL_BIN, read_ir
+from .graph import (HIDDEN_IN, LOGITS_TO_KEEP, balanced_split, constant_bytes, keep_last_logits, layer_bytes,
+                    num_layers, split_stages)
+from .ir import read_ir
 
 SEQ_AXIS = 2
 #: Dead (masked-out) slots allowed in the KV cache before it is compacted.
 MAX_DEAD_SLOTS = 64
 
 
+def balanced_stages(model: ov.Model, stages: int) -> List[int]:
+    """Layers per stage, balanced by weight bytes; the embedding counts for the first stage, the
+    final norm and LM head for the last (half the shared bytes each: one matrix when tied)."""
+    if stages == 1:
+        return [num_layers(model)]
+    sizes = layer_bytes(model)
+    shared = constant_bytes(model) - sum(sizes)
+    return balanced_split(sizes, stages, first_extra=shared // 2, last_extra=shared - shared // 2)
+
+
+@dataclass
+class Stage:
+    """One compiled part of the model: layers ``[first, end)`` on ``device``."""
+
+    device: str
+    layers: Tuple[int, int]
+    weight_bytes: int
+    request: ov.InferRequest
+    inputs: Set[str]
+    execution_devices: List[str]
+
+
 class OpenVINORunner(Runner):
-    """One compiled stateful IR and its infer request (batch size 1).
+    """A stateful IR compiled on one device, or split into stages over several (batch size 1).
 
     Padded verify passes (``fixed_verify_width``) pay off here because a new input length costs
     the CPU plugin a re-preparation (measured 8-14 ms, ../shared/OPENVINO-NOTES.md) while the
@@ -39,26 +71,45 @@ class OpenVINORunner(Runner):
     Args:
         core: the ``openvino.Core`` to compile with.
         folder: IR folder holding ``openvino_model.xml/.bin``.
-        device: xpuspec spelling (``"cpu"``, ``"gpu.1"``, ``"npu"``).
-        config: OpenVINO compile properties.
+        devices: one xpuspec device name per stage (``["cpu"]``, ``["gpu.0", "gpu.1"]``).
+        configs: OpenVINO compile properties, one dict per stage.
+        split: layers per stage; default balanced by weight bytes (:func:`balanced_stages`).
         max_dead_slots: masked-out slots tolerated before compaction (0: copy-trim on every rollback).
             IRs without an ``attention_mask`` input always copy-trim.
+
+    Raises:
+        ModelSourceError: the IR is damaged, or cannot be split (names without layer numbers).
+        ValueError: ``split`` does not match the stages and the model's layers.
     """
 
-    def __init__(self, core: ov.Core, folder: Path, device: str, config: dict, max_dead_slots: int = MAX_DEAD_SLOTS):
+    def __init__(self, core: ov.Core, folder: Path, devices: Sequence[str], configs: Sequence[dict],
+                 split: Optional[Sequence[int]] = None, max_dead_slots: int = MAX_DEAD_SLOTS):
         self.folder = Path(folder)
-        self.device = device
-        self.config = dict(config)
+        self.device = ",".join(devices)
+        self.configs = [dict(c) for c in configs]
         model = read_ir(core, self.folder)
-        self._inputs = {i.any_name for i in model.inputs}
+        self.num_layers = num_layers(model)
         self.vocab_size = int(model.output("logits").partial_shape[-1].get_length())
-        self.weight_bytes = (self.folder / MODEL_BIN).stat().st_size
-        if device.startswith("npu"):  # NPUW_LLM compiles static prompt and response windows
-            self.max_prompt_len = int(self.config["NPUW_LLM_MAX_PROMPT_LEN"])
-            self.max_length = self.max_prompt_len + int(self.config["NPUW_LLM_MIN_RESPONSE_LEN"])
-        self.compiled = core.compile_model(model, device.upper(), self.config)
-        self.request = self.compiled.create_infer_request()
-        self.max_dead_slots = max_dead_slots if "attention_mask" in self._inputs else 0
+        if devices[0].startswith("npu"):  # NPUW_LLM compiles static prompt and response windows
+            self.max_prompt_len = int(self.configs[0]["NPUW_LLM_MAX_PROMPT_LEN"])
+            self.max_length = self.max_prompt_len + int(self.configs[0]["NPUW_LLM_MIN_RESPONSE_LEN"])
+        else:  # NPUW_LLM expects the exported inputs as they are
+            keep_last_logits(model)
+        counts = list(split) if split is not None else balanced_stages(model, len(devices))
+        if len(counts) != len(devices):
+            raise ValueError(f"split={list(counts)} gives {len(counts)} stages for {len(devices)} devices "
+                             f"({self.device}); give one layer count per device.")
+        parts = split_stages(model, counts) if len(counts) > 1 else [model]
+        bounds = np.cumsum([0] + counts)
+        self.stages = []
+        for part, device, config, first, end in zip(parts, devices, self.configs, bounds[:-1], bounds[1:]):
+            compiled = core.compile_model(part, device.upper(), config)
+            self.stages.append(Stage(device, (int(first), int(end)), constant_bytes(part),
+                                     compiled.create_infer_request(), {i.any_name for i in part.inputs},
+                                     [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]))
+        self.weight_bytes = sum(s.weight_bytes for s in self.stages)
+        self._feeds = self.stages[0].inputs | self.stages[-1].inputs
+        self.max_dead_slots = max_dead_slots if "attention_mask" in self._feeds else 0
         self._live = np.zeros(0, dtype=np.int64)  # one entry per slot of the state tensors: 1 live, 0 dead
         self._length = 0
 
@@ -76,20 +127,28 @@ class OpenVINORunner(Runner):
         """Masked-out slots now held in the KV cache."""
         return len(self._live) - self._length
 
-    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+    @property
+    def device_map(self) -> List[dict]:
+        return [{"stage": i, "device": s.device, "layers": list(s.layers), "weight_bytes": s.weight_bytes,
+                 "execution_devices": s.execution_devices} for i, s in enumerate(self.stages)]
+
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
         n = len(tokens)
         self._live = np.concatenate([self._live, np.ones(n, dtype=np.int64)])
-        inputs = {"input_ids": np.asarray(tokens, dtype=np.int64).reshape(1, n)}
-        if "attention_mask" in self._inputs:
-            inputs["attention_mask"] = self._live.reshape(1, -1)
-        if "position_ids" in self._inputs:
-            inputs["position_ids"] = np.arange(self._length, self._length + n, dtype=np.int64).reshape(1, n)
-        if "beam_idx" in self._inputs:
-            inputs["beam_idx"] = np.zeros(1, dtype=np.int32)
-        self.request.infer(inputs, share_inputs=True)
+        feed = {"input_ids": np.asarray(tokens, dtype=np.int64).reshape(1, n),
+                "attention_mask": self._live.reshape(1, -1),
+                "position_ids": np.arange(self._length, self._length + n, dtype=np.int64).reshape(1, n),
+                "beam_idx": np.zeros(1, dtype=np.int32),
+                LOGITS_TO_KEEP: np.array([min(logits_to_keep or n, n)], dtype=np.int64)}
+        hidden = None
+        for stage in self.stages:
+            inputs = {name: value for name, value in feed.items() if name in stage.inputs}
+            if hidden is not None:
+                inputs[HIDDEN_IN] = hidden
+            stage.request.infer(inputs, share_inputs=True)
+            hidden = stage.request.get_output_tensor(0)
         self._length += n
-        logits = self.request.get_tensor("logits").data
-        return torch.from_numpy(np.array(logits[0], dtype=np.float32))
+        return torch.from_numpy(np.array(hidden.data[0], dtype=np.float32))
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._length:
@@ -103,16 +162,18 @@ class OpenVINORunner(Runner):
             self._compact()
 
     def _compact(self) -> None:
-        """Copy the states without their dead slots."""
+        """Copy the states of every stage without their dead slots."""
         keep = np.flatnonzero(self._live)
         contiguous = len(keep) == 0 or keep[-1] == len(keep) - 1
-        for state in self.request.query_state():
-            data = state.state.data
-            kept = data[:, :, : len(keep), :] if contiguous else np.take(data, keep, axis=SEQ_AXIS)
-            state.state = ov.Tensor(np.ascontiguousarray(kept))
+        for stage in self.stages:
+            for state in stage.request.query_state():
+                data = state.state.data
+                kept = data[:, :, : len(keep), :] if contiguous else np.take(data, keep, axis=SEQ_AXIS)
+                state.state = ov.Tensor(np.ascontiguousarray(kept))
         self._live = np.ones(len(keep), dtype=np.int64)
 
     def reset(self) -> None:
-        self.request.reset_state()
+        for stage in self.stages:
+            stage.request.reset_state()
         self._live = np.zeros(0, dtype=np.int64)
         self._length = 0

@@ -1,6 +1,6 @@
 """Runner over a transformers model with a ``DynamicCache`` (rollback by ``crop``)."""
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -16,6 +16,7 @@ class TorchRunner(Runner):
         self.device = device
         self.vocab_size = model.config.vocab_size
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.num_layers = model.config.num_hidden_layers
         self.cache = DynamicCache(config=model.config)
 
     @property
@@ -23,9 +24,9 @@ class TorchRunner(Runner):
         return self.cache.get_seq_length()
 
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=logits_to_keep or 0)
         return out.logits[0].float().cpu()
 
     def rollback(self, n: int) -> None:

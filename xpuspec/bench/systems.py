@@ -324,7 +324,7 @@ class XpuspecSystem(System):
         if self.setup.ir and folder != Path(self.setup.ir).resolve():
             raise RuntimeError(f"xpuspec loaded {folder}, not the benchmark's IR {self.setup.ir}")
         self.weight_bytes = self.model.runner.weight_bytes
-        settings = {"ir": str(folder), "ov_config": self.model.runner.config}
+        settings = {"ir": str(folder), "ov_config": self.model.runner.configs[0]}
         if spec is not None:
             settings["speculative"] = {k: v for k, v in spec.__dict__.items() if v is not None}
         if self.model.draft_model is not None:

@@ -109,7 +109,7 @@ class ModelDrafter(Drafter):
             common += 1
         common = min(common, len(context) - 1)  # always feed at least the last token
         self.runner.rollback(self.runner.length - common)
-        logits = self.runner.forward(context[common:])[-1:]
+        logits = self.runner.forward(context[common:], logits_to_keep=1)
         self.tokens = list(context)
         return logits
 

@@ -1,0 +1,194 @@
+"""Surgery on a stateful OpenVINO LLM graph: pipeline-stage split, logits of the last positions only.
+
+Both work on the IRs optimum-intel exports (``text-generation-with-past``), whose operation names
+carry the PyTorch module path (``__module.model.layers.3.self_attn/...``, weights
+``self.model.layers.3.mlp.up_proj.weight``) and whose KV-cache variables are named
+``past_key_values.<layer>.keypresent.<layer>.key`` / ``...value``.
+
+Stage split: stage s of N holds the decoder layers ``[a_s, b_s)``. Stage 0 keeps the embedding,
+the last stage the final norm and the LM head (with tied embeddings the last stage also holds
+the embedding matrix, as its head). Stage s > 0 takes the residual stream entering layer ``a_s``
+as a new input ``hidden_states_in`` (float32 ``[batch, seq, hidden]``); stage s < N-1 returns the
+residual stream leaving layer ``b_s - 1`` as output ``hidden_states``. Each stage keeps the KV-cache
+variables of its own layers only. The exporter computes the past length (for the causal mask)
+from layer 0's cache; a later stage reads it from its own first layer's cache instead, which has
+the same shape.
+"""
+
+import re
+from typing import List, Optional, Sequence
+
+import openvino as ov
+from openvino import opset13
+
+from xpuspec.errors import ModelSourceError
+
+HIDDEN_IN = "hidden_states_in"
+HIDDEN_OUT = "hidden_states"
+LOGITS_TO_KEEP = "logits_to_keep"
+
+_LAYER = re.compile(r"\blayers\.(\d+)\b")
+_KV_VARIABLE = re.compile(r"^past_key_values\.(\d+)\.(key|value)present\.\1\.(key|value)$")
+
+
+def layer_of(node) -> Optional[int]:
+    """The decoder layer an operation or weight belongs to, from its name; ``None`` for shared ones."""
+    match = _LAYER.search(node.get_friendly_name())
+    return int(match.group(1)) if match else None
+
+
+def _kv_layer(variable_id: str) -> int:
+    match = _KV_VARIABLE.match(variable_id)
+    if match is None:
+        raise ModelSourceError(
+            f"KV-cache variable {variable_id!r} is not named past_key_values.<layer>.key/value as optimum-intel "
+            "exports it, so xpuspec cannot tell which layer it belongs to. Re-export the model with `xpuspec export`.")
+    return int(match.group(1))
+
+
+def num_layers(model: ov.Model) -> int:
+    """Decoder layers of a stateful LLM IR (counted from its KV-cache variables)."""
+    return len({_kv_layer(v.get_info().variable_id) for v in model.get_variables()})
+
+
+def constant_bytes(model: ov.Model) -> int:
+    """Bytes of all constants (weights, scales, zero points) an IR holds."""
+    return sum(op.get_byte_size() for op in model.get_ordered_ops() if op.get_type_name() == "Constant")
+
+
+def layer_bytes(model: ov.Model) -> List[int]:
+    """Weight bytes of each decoder layer, in layer order."""
+    sizes = [0] * num_layers(model)
+    for op in model.get_ordered_ops():
+        layer = layer_of(op) if op.get_type_name() == "Constant" else None
+        if layer is not None and layer < len(sizes):
+            sizes[layer] += op.get_byte_size()
+    return sizes
+
+
+def balanced_split(sizes: Sequence[int], stages: int, first_extra: int = 0, last_extra: int = 0) -> List[int]:
+    """Layer counts per stage that minimise the largest stage's weight bytes (contiguous layers).
+
+    Args:
+        sizes: weight bytes of each layer.
+        stages: number of stages (1 <= stages <= len(sizes)).
+        first_extra, last_extra: bytes only the first stage (embedding) or the last (norm, head) holds.
+
+    Returns:
+        ``stages`` counts, each >= 1, summing to ``len(sizes)``.
+    """
+    n = len(sizes)
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+
+    def cost(s: int, a: int, b: int) -> int:
+        return prefix[b] - prefix[a] + (first_extra if s == 0 else 0) + (last_extra if s == stages - 1 else 0)
+
+    # best[s][b]: (largest stage bytes, cuts) for layers [0, b) in stages 0..s
+    best = [{b: (cost(0, 0, b), [b]) for b in range(1, n - stages + 2)}]
+    for s in range(1, stages):
+        row = {}
+        for b in range(s + 1, n - stages + s + 2):
+            row[b] = min(((max(best[s - 1][a][0], cost(s, a, b)), best[s - 1][a][1] + [b])
+                          for a in range(s, b) if a in best[s - 1]), key=lambda item: item[0])
+        best.append(row)
+    cuts = best[-1][n][1]
+    return [b - a for a, b in zip([0] + cuts[:-1], cuts)]
+
+
+def _residual_into(model: ov.Model, layer: int) -> ov.Output:
+    """The residual-stream tensor entering ``layer``: produced in layer-1 and used by ``layer`` alone."""
+    found = []
+    for op in model.get_ordered_ops():
+        if layer_of(op) != layer - 1:
+            continue
+        for out in op.outputs():
+            users = {layer_of(i.get_node()) for i in out.get_target_inputs()}
+            if layer in users and layer - 1 not in users:
+                found.append(out)
+    if len(found) != 1:
+        raise ModelSourceError(
+            f"Cannot find the hidden states between layers {layer - 1} and {layer} in this IR ({len(found)} "
+            "candidates), so it cannot be split into pipeline stages. Split IRs exported by optimum-intel "
+            "(`xpuspec export`), or run the model on one device.")
+    return found[0]
+
+
+def split_stages(model: ov.Model, counts: Sequence[int]) -> List[ov.Model]:
+    """Split a stateful LLM IR into pipeline stages of ``counts`` consecutive layers each.
+
+    Args:
+        model: the whole model (left unchanged; each stage is built from a clone).
+        counts: layers per stage, each >= 1, summing to :func:`num_layers`.
+
+    Returns:
+        One ``ov.Model`` per stage (see the module docstring for their inputs and outputs).
+
+    Raises:
+        ModelSourceError: the IR's names do not show its layers or the hidden states between them.
+    """
+    total = num_layers(model)
+    if sum(counts) != total or min(counts) < 1:
+        raise ValueError(f"split {list(counts)} must give every stage >= 1 layer and sum to {total} layers.")
+    bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
+    return [_stage(model, a, b, total, f"{model.get_friendly_name()}_stage{s}")
+            for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+
+
+def _stage(model: ov.Model, a: int, b: int, total: int, name: str) -> ov.Model:
+    m = model.clone()
+    params = list(m.get_parameters())
+    if a > 0:
+        entering = _residual_into(m, a)
+        hidden = opset13.parameter(entering.get_partial_shape(), entering.get_element_type(), name=HIDDEN_IN)
+        hidden.output(0).get_tensor().set_names({HIDDEN_IN})
+        entering.replace(hidden.output(0))
+        params.append(hidden)
+    if b < total:
+        result = opset13.result(_residual_into(m, b))
+        result.output(0).get_tensor().set_names({HIDDEN_OUT})
+        results = [result]
+    else:
+        results = list(m.get_results())
+    reads = {op.get_variable_id(): op for op in m.get_ordered_ops() if op.get_type_name() == "ReadValue"}
+    for variable_id, read in reads.items():
+        layer = _kv_layer(variable_id)
+        if not a <= layer < b:  # used only for the past length: read this stage's first layer instead
+            kind = variable_id.rsplit(".", 1)[1]
+            read.output(0).replace(reads[f"past_key_values.{a}.{kind}present.{a}.{kind}"].output(0))
+    sinks = [s for s in m.get_sinks() if a <= _kv_layer(s.get_variable_id()) < b]
+    stage = ov.Model(results, sinks, params, name)
+    used = {op.get_name() for op in stage.get_ordered_ops()}
+    for param in params:
+        if not any(i.get_node().get_name() in used for i in param.output(0).get_target_inputs()):
+            stage.remove_parameter(param)
+    stage.validate_nodes_and_infer_types()
+    return stage
+
+
+def keep_last_logits(model: ov.Model) -> ov.Model:
+    """Add an input ``logits_to_keep`` (int64 ``[1]``): the LM head runs on that many last positions only.
+
+    A prefill of n tokens then computes one row of logits instead of n (the head is the
+    largest matrix of a small model: 151936 x 1536 for Qwen2.5-1.5B). Changes ``model`` in place.
+
+    Raises:
+        ModelSourceError: the ``logits`` output does not come from a MatMul (the LM head).
+    """
+    head = model.output("logits").get_node().input_value(0).get_node()
+    while head.get_type_name() == "Convert":
+        head = head.input_value(0).get_node()
+    if head.get_type_name() != "MatMul":
+        raise ModelSourceError(f"The logits come from a {head.get_type_name()}, not the LM head's MatMul.")
+    keep = opset13.parameter([1], ov.Type.i64, name=LOGITS_TO_KEEP)
+    keep.output(0).get_tensor().set_names({LOGITS_TO_KEEP})
+    hidden = head.input_value(0)
+    start = opset13.negative(keep)
+    stop = opset13.constant([2**62], ov.Type.i64)
+    step = opset13.constant([1], ov.Type.i64)
+    axis = opset13.constant([1], ov.Type.i64)
+    head.input(0).replace_source_output(opset13.slice(hidden, start, stop, step, axis).output(0))
+    model.add_parameters([keep])
+    model.validate_nodes_and_infer_types()
+    return model
