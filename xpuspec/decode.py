@@ -102,20 +102,30 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     start = time.perf_counter()
     schedule = schedule or DraftSchedule()
     processors = logits_processor(config, len(prompt))
-    stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
-    stats = GenerationStats(prompt_tokens=len(prompt))
-    context, new, scores, raw = list(prompt), [], [], []
-    plain_s, spec_s, spec_tokens, spec_rounds, round_s = [], 0.0, 0, 0, 0.0
-    k, active, first = schedule.num_assistant_tokens, drafter is not None, None
-    pad_to = 0  # the widest verify pass so far, when the target prefers a fixed width
 
     def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
         return processors(torch.tensor([prefix]), logits)
 
     target.reset()
     if drafter is not None:
-        drafter.reset()
+        drafter.start(list(prompt), score, bool(config.do_sample), schedule.confidence_threshold)
+    try:
+        return _loop(target, prompt, config, streamer, drafter, schedule, score, start)
+    finally:
+        if drafter is not None:
+            drafter.stop()
+
+
+def _loop(target, prompt, config, streamer, drafter, schedule, score, start):
+    stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
+    stats = GenerationStats(prompt_tokens=len(prompt))
+    context, new, scores, raw = list(prompt), [], [], []
+    plain_s, spec_s, spec_tokens, spec_rounds, round_s = [], 0.0, 0, 0, 0.0
+    k, active, first = schedule.num_assistant_tokens, drafter is not None, None
+    pad_to = 0  # the widest verify pass so far, when the target prefers a fixed width
+    t0 = time.perf_counter()
     rows, drafts, draft_probs, speculative_round = target.forward(prompt, logits_to_keep=1), [], None, False
+    stats.prefill_s = time.perf_counter() - t0
     stats.target_forwards = 1
     while limit > 0:
         scored = torch.cat([score(context + drafts[:i], rows[i:i + 1]) for i in range(len(drafts) + 1)])
@@ -171,6 +181,8 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
         if not speculative_round:
             plain_s.append(round_s)
     end = time.perf_counter()
+    busy = drafter.busy_s if drafter is not None else None
+    stats.draft_busy_s = stats.draft_s if busy is None else busy
     stats.new_tokens = len(new)
     stats.ttft_s = (first or end) - start
     stats.decode_s = end - (first or end)

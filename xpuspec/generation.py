@@ -54,7 +54,11 @@ class GenerationStats:
         decode_tokens_per_s: ``(new_tokens - 1) / decode_s`` (0 when fewer than 2 new tokens).
         target_forwards: forward passes of the target, prefill included.
         drafted_tokens, accepted_tokens: speculative decoding counts (0 for plain decoding).
-        draft_s, verify_s: seconds spent drafting and in target forwards after prefill.
+        draft_s, verify_s: seconds spent drafting (waiting for drafts, when overlapped) and in target
+            forwards after prefill.
+        prefill_s: seconds of the target's prefill forward.
+        draft_busy_s: seconds the draft model computed; with overlapped speculation in its own
+            thread, beside the target (equal to ``draft_s`` when drafting is sequential).
     """
 
     prompt_tokens: int = 0
@@ -66,6 +70,8 @@ class GenerationStats:
     accepted_tokens: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_busy_s: float = 0.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -82,6 +88,15 @@ class GenerationStats:
         """New tokens per target forward after prefill (tau; 1.0 for plain decoding)."""
         decode_forwards = self.target_forwards - 1
         return (self.new_tokens - 1) / decode_forwards if decode_forwards > 0 else 0.0
+
+    @property
+    def idle_fractions(self) -> dict:
+        """Share of the call's wall time each model did not compute: ``{"target": f, "draft": f}``."""
+        total = self.ttft_s + self.decode_s
+        if total <= 0:
+            return {"target": 0.0, "draft": 0.0}
+        return {"target": max(0.0, 1 - (self.prefill_s + self.verify_s) / total),
+                "draft": max(0.0, 1 - self.draft_busy_s / total)}
 
     def as_dict(self) -> dict:
         return {**asdict(self), "decode_tokens_per_s": self.decode_tokens_per_s,

@@ -37,6 +37,9 @@ class SpeculativeConfig:
         prompt_lookup_num_tokens: draft length of prompt lookup (default: num_assistant_tokens).
         max_matching_ngram_size: longest n-gram prompt lookup matches.
         cost_model: switch speculation off for the rest of a request when it measures slower.
+        overlap: draft the next block while the target verifies this one (PEARL; see
+            :mod:`xpuspec.speculative.overlap`). ``None``: on when the draft model runs on a device
+            none of the target's stages uses.
     """
 
     mode: str = "self"
@@ -50,6 +53,7 @@ class SpeculativeConfig:
     prompt_lookup_num_tokens: Optional[int] = None
     max_matching_ngram_size: int = 2
     cost_model: bool = True
+    overlap: Optional[bool] = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -62,6 +66,9 @@ class SpeculativeConfig:
             raise ValueError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
             raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
+        if self.mode == "prompt_lookup" and self.overlap:
+            raise ValueError("overlap=True needs a draft model; prompt lookup drafts in microseconds and has "
+                             "nothing to overlap. Drop overlap= or pick mode 'self', 'layer_skip', 'hybrid' or 'draft'.")
 
     @property
     def uses_model(self) -> bool:

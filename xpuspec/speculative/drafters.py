@@ -24,6 +24,12 @@ class Drafter(ABC):
     #: True when proposals are sampled from a distribution (``probs`` returned).
     stochastic: bool = False
 
+    @property
+    def busy_s(self) -> Optional[float]:
+        """Seconds a drafter that computes in its own thread spent on this request; ``None`` when it
+        drafts inside :meth:`propose` (the decode loop then times it)."""
+        return None
+
     @abstractmethod
     def propose(self, context: List[int], k: int, score: Score, sample: bool,
                 threshold: float = 0.0) -> Tuple[List[int], Optional[torch.Tensor]]:
@@ -43,6 +49,13 @@ class Drafter(ABC):
 
     def reset(self) -> None:
         """Forget per-request state."""
+
+    def start(self, context: List[int], score: Score, sample: bool, threshold: float = 0.0) -> None:
+        """Begin a request whose prompt is ``context`` (arguments as for :meth:`propose`); default: :meth:`reset`."""
+        self.reset()
+
+    def stop(self) -> None:
+        """End a request: release what :meth:`start` holds (a worker thread)."""
 
 
 class PromptLookupDrafter(Drafter):
@@ -100,6 +113,10 @@ class ModelDrafter(Drafter):
             return logits[:, : self.vocab_size]
         return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
 
+    def next_logits(self, context: List[int]) -> torch.Tensor:
+        """The draft's logits after ``context`` on the target's vocabulary, ``[1, vocab]`` float32."""
+        return self._fit(self._sync(context))
+
     def _sync(self, context: List[int]) -> torch.Tensor:
         """Bring the draft cache to ``context`` and return the raw logits after it, ``[1, vocab]``."""
         common = 0
@@ -141,11 +158,21 @@ class HybridDrafter(Drafter):
 
     stochastic = True
 
-    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter):
         self.lookup, self.model = lookup, model
 
     def reset(self) -> None:
         self.model.reset()
+
+    @property
+    def busy_s(self) -> Optional[float]:
+        return self.model.busy_s
+
+    def start(self, context, score, sample, threshold=0.0) -> None:
+        self.model.start(context, score, sample, threshold)
+
+    def stop(self) -> None:
+        self.model.stop()
 
     def propose(self, context, k, score, sample, threshold=0.0):
         found = self.lookup.lookup(context, k)

@@ -6,6 +6,7 @@ from ..decode import DraftSchedule
 from ..errors import DraftMismatchError
 from .config import SpeculativeConfig
 from .drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from .overlap import OverlappedDrafter
 
 
 @lru_cache(maxsize=16)
@@ -79,7 +80,7 @@ def _drafter(target, spec, assistant_model, prompt_lookup_num_tokens):
     ngram = spec.max_matching_ngram_size if spec else 2
     if assistant_model is not None:
         check_draft(target, assistant_model)
-        model = ModelDrafter(assistant_model.runner, target.runner.vocab_size)
+        model = _model_drafter(target, assistant_model, spec)
         if prompt_lookup_num_tokens:
             return HybridDrafter(PromptLookupDrafter(ngram), model)
         return model
@@ -89,5 +90,15 @@ def _drafter(target, spec, assistant_model, prompt_lookup_num_tokens):
         return None
     if spec.mode == "prompt_lookup":
         return PromptLookupDrafter(ngram)
-    model = ModelDrafter(target.draft_model.runner, target.runner.vocab_size)
+    model = _model_drafter(target, target.draft_model, spec)
     return HybridDrafter(PromptLookupDrafter(ngram), model) if spec.mode == "hybrid" else model
+
+
+def _model_drafter(target, draft, spec):
+    """The draft model's drafter, overlapped with verification when ``spec.overlap`` says so or,
+    by default, when the draft runs on a device that none of the target's stages uses."""
+    model = ModelDrafter(draft.runner, target.runner.vocab_size)
+    overlap = spec.overlap if spec is not None else None
+    if overlap is None:
+        overlap = set(draft.runner.device.split(",")).isdisjoint(target.runner.device.split(","))
+    return OverlappedDrafter(model) if overlap else model

@@ -1,0 +1,120 @@
+"""Overlapped speculation (PEARL-style): the draft drafts ahead in its own thread while the target
+verifies. Greedy output stays token-identical to plain greedy decoding on the real SmolLM2, with
+the draft on a second device and with the target split into pipeline stages; the worker's
+bookkeeping (keep, restart, errors) is checked on a deterministic fake draft."""
+
+import threading
+
+import pytest
+import torch
+
+from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+from xpuspec.speculative.drafters import ModelDrafter
+from xpuspec.speculative.overlap import OverlappedDrafter
+
+from conftest import MODEL, PROMPTS
+
+VOCAB = 16
+ALWAYS = dict(num_assistant_tokens=4, cost_model=False)
+
+
+class CountingDraft(ModelDrafter):
+    """A fake draft whose next token is (last + 1) % VOCAB; optionally fails on a given token."""
+
+    def __init__(self, fail_on=None):
+        self.vocab_size, self.fail_on, self.calls = VOCAB, fail_on, 0
+
+    def reset(self):
+        pass
+
+    def next_logits(self, context):
+        self.calls += 1
+        if context[-1] == self.fail_on:
+            raise ValueError("draft broke")
+        logits = torch.zeros(1, VOCAB)
+        logits[0, (context[-1] + 1) % VOCAB] = 1.0
+        return logits
+
+
+def _score(prefix, logits):
+    return logits
+
+
+def test_worker_keeps_confirmed_drafts_and_restarts_after_a_mismatch():
+    drafter = OverlappedDrafter(CountingDraft(), max_ahead=4)
+    drafter.start([1, 2], _score, sample=False)
+    try:
+        tokens, probs = drafter.propose([1, 2], 3, _score, sample=False)
+        assert tokens[0] == 3 and tokens == [3, 4, 5][:len(tokens)] and probs is None
+        # the target accepted 3 and 4 and chose 5 itself: the draft is on track, its next token is 6
+        tokens, _ = drafter.propose([1, 2, 3, 4, 5], 2, _score, sample=False)
+        assert tokens[0] == 6
+        # the target rejected at once and chose 9: everything drafted ahead is dropped
+        tokens, _ = drafter.propose([1, 2, 3, 4, 5, 9], 2, _score, sample=False)
+        assert tokens[0] == 10
+    finally:
+        drafter.stop()
+    assert not any(t.name == "xpuspec-draft" for t in threading.enumerate())
+
+
+def test_worker_stops_at_max_ahead():
+    draft = CountingDraft()
+    drafter = OverlappedDrafter(draft, max_ahead=3)
+    drafter.start([0], _score, sample=False)
+    drafter.propose([0], 1, _score, sample=False)
+    for _ in range(100):
+        if len(drafter._ahead) >= 3:
+            break
+        threading.Event().wait(0.01)
+    calls = draft.calls
+    threading.Event().wait(0.1)
+    drafter.stop()
+    assert draft.calls == calls == 3
+
+
+def test_worker_failure_reaches_the_decode_loop():
+    drafter = OverlappedDrafter(CountingDraft(fail_on=2))
+    drafter.start([1, 2], _score, sample=False)
+    with pytest.raises(RuntimeError, match="draft worker failed") as info:
+        drafter.propose([1, 2], 2, _score, sample=False)
+    assert isinstance(info.value.__cause__, ValueError)
+    drafter.stop()
+
+
+@pytest.fixture(scope="module")
+def cpu_aliases():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XPUSPEC_CPU_ALIASES", "cpux,cpuy")
+        yield
+
+
+def _check_identical(model, tokenizer, prompts):
+    drafted = 0
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected = model.generate(ids, max_new_tokens=64, do_sample=False, speculative=False)
+        assert torch.equal(model.generate(ids, max_new_tokens=64, do_sample=False), expected), prompt
+        stats = model.last_generate_stats
+        drafted += stats.drafted_tokens
+        assert 0 < stats.draft_busy_s and all(0 <= f <= 1 for f in stats.idle_fractions.values())
+    assert drafted > 50  # speculation really ran
+
+
+def test_overlapped_self_draft_on_another_device_is_identical(smollm2_path, tokenizer, cpu_aliases):
+    spec = SpeculativeConfig(mode="self", draft_device="cpux", **ALWAYS)  # overlap: on by default here
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative=spec,
+                                                 ov_config={"INFERENCE_NUM_THREADS": 1})
+    _check_identical(model, tokenizer, PROMPTS)
+
+
+def test_overlap_with_a_split_target_is_identical(smollm2_path, tokenizer, cpu_aliases):
+    spec = SpeculativeConfig(mode="self", draft_device="cpuy", overlap=True, **ALWAYS)
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu,cpux", load_in_low_bit="int8_asym",
+                                                 speculative=spec)
+    assert [s["device"] for s in model.device_map] == ["cpu", "cpux"]
+    _check_identical(model, tokenizer, PROMPTS[:2])
+
+
+def test_overlap_needs_a_draft_model():
+    with pytest.raises(ValueError, match="overlap=True needs a draft model"):
+        SpeculativeConfig(mode="prompt_lookup", overlap=True)
