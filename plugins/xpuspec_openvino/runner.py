@@ -32,7 +32,7 @@ from xpuspec.runner import Runner
 
 from .graph import (HIDDEN_IN, LOGITS_TO_KEEP, balanced_split, constant_bytes, keep_last_logits, layer_bytes,
                     num_layers, split_stages)
-from .ir import read_ir
+from .ir import MODEL_BIN, read_ir
 
 SEQ_AXIS = 2
 #: Dead (masked-out) slots allowed in the KV cache before it is compacted.
@@ -51,7 +51,8 @@ def balanced_stages(model: ov.Model, stages: int) -> List[int]:
 
 @dataclass
 class Stage:
-    """One compiled part of the model: layers ``[first, end)`` on ``device``."""
+    """One compiled part of the model: layers ``[first, end)`` on ``device``; ``weight_bytes``: the bytes
+    of the constants it holds (the IR's ``.bin`` size when the model is not split)."""
 
     device: str
     layers: Tuple[int, int]
@@ -104,7 +105,8 @@ class OpenVINORunner(Runner):
         self.stages = []
         for part, device, config, first, end in zip(parts, devices, self.configs, bounds[:-1], bounds[1:]):
             compiled = core.compile_model(part, device.upper(), config)
-            self.stages.append(Stage(device, (int(first), int(end)), constant_bytes(part),
+            held = constant_bytes(part) if len(parts) > 1 else (self.folder / MODEL_BIN).stat().st_size
+            self.stages.append(Stage(device, (int(first), int(end)), held,
                                      compiled.create_infer_request(), {i.any_name for i in part.inputs},
                                      [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]))
         self.weight_bytes = sum(s.weight_bytes for s in self.stages)

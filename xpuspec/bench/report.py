@@ -29,7 +29,7 @@ def sample_record(system: str, repeat: int, set_name: str, index: int, prompt_to
     return {"system": system, "repeat": repeat, "set": set_name, "prompt": index, "prompt_tokens": prompt_tokens,
             "new_tokens": len(sample.tokens), "ttft_s": sample.ttft_s, "decode_s": sample.decode_s,
             "total_s": sample.total_s, "steps": sample.steps, "first_step_tokens": sample.first_step_tokens,
-            "drafted": sample.drafted, "accepted": sample.accepted}
+            "drafted": sample.drafted, "accepted": sample.accepted, "idle": sample.idle}
 
 
 def with_audit(record: dict, tokens: List[int], reference, tolerance: float) -> dict:
@@ -84,7 +84,14 @@ def _figures(rows: List[dict], base_rows: List[dict], bandwidth: float, weight_b
         "roofline_percent": percent_of_roofline(decode["median"], bandwidth, weight_bytes)
         if decode and weight_bytes else None,
         "audit": {status: sum(1 for s in worst.values() if s == status) for status in _SEVERITY},
+        "idle_fraction": _idle(rows),
     }
+
+
+def _idle(rows: List[dict]) -> Optional[dict]:
+    """Median share of wall time the target and the draft did not compute (``None`` where not reported)."""
+    idle = [r["idle"] for r in rows if r.get("idle")]
+    return {who: statistics.median(i[who] for i in idle) for who in ("target", "draft")} if idle else None
 
 
 def summarize(result: dict) -> dict:
@@ -95,7 +102,8 @@ def summarize(result: dict) -> dict:
     ``acceptance_rate`` (accepted / drafted tokens; ``None`` where the API does not expose them),
     ``mean_accepted_length`` (tokens per decode step after the first step), ``roofline_percent``
     (median decode tokens/s over bandwidth / weight bytes), ``audit`` (prompts whose output was
-    identical / a tie / a VIOLATION against plain greedy, worst over repeats), ``rss_mib``.
+    identical / a tie / a VIOLATION against plain greedy, worst over repeats), ``idle_fraction``
+    (median share of each call's wall time the target / the draft did not compute; xpuspec only), ``rss_mib``.
     """
     settings, samples = result["settings"], result["samples"]
     bandwidth = result["roofline"]["bandwidth_bytes_per_s"]
@@ -198,6 +206,12 @@ def markdown(result: dict) -> str:
             cells = [f"{_fmt(_median(summary[system][n]['decode_tokens_per_s']))} "
                      f"({_fmt(summary[system][n]['ratio_to_baseline'], '.2f', 'x')})" for n in split_names]
             lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    idle = [(system, summary[system]["all"].get("idle_fraction")) for system in s["systems"]]
+    idle = [(system, f) for system, f in idle if f]
+    if idle:
+        lines += ["", "Idle fraction (share of wall time a model did not compute):", "",
+                  "| system | target idle | draft idle |", "|---|---|---|"]
+        lines += [f"| {system} | {100 * f['target']:.0f}% | {100 * f['draft']:.0f}% |" for system, f in idle]
     target = next((i["weight_bytes"] for i in result["systems"].values() if i["family"] == "ir"), None)
     lines += ["", f"Read bandwidth {bandwidth / 1e9:.1f} GB/s ({result['roofline']['method']})"
               + (f"; plain-decoding roofline of the target IR {roofline_tokens_per_s(bandwidth, target):.0f} tok/s "

@@ -79,6 +79,8 @@ class Sample:
         first_step_tokens: tokens the first step delivered (more than 1 when a tool verifies drafts
             in its prefill pass, as transformers' assisted generation does).
         drafted, accepted: drafted and accepted draft tokens, where the tool's API exposes them, else ``None``.
+        idle: share of the call's wall time each model did not compute (``{"target": f, "draft": f}``),
+            where the tool reports its compute time (xpuspec), else ``None``.
     """
 
     tokens: List[int]
@@ -89,6 +91,7 @@ class Sample:
     first_step_tokens: int
     drafted: Optional[int] = None
     accepted: Optional[int] = None
+    idle: Optional[Dict[str, float]] = None
 
 
 class Arrivals:
@@ -301,30 +304,48 @@ class GenAISystem(System):
 
 
 class XpuspecSystem(System):
-    """xpuspec on the target IR: plain (``xpuspec``) or speculative (``xpuspec-spec:MODE``)."""
+    """xpuspec on the target IR: plain (``xpuspec``), speculative (``xpuspec-spec:MODE``), overlapped
+    speculative (``xpuspec-overlap:MODE``) or split into two pipeline stages (``xpuspec-pp2``).
+
+    The overlapped systems run the target on ``cpu`` and the draft on ``cpux`` (OpenVINO's CPU plugin
+    registered a second time), each limited to one inference thread, so that on a 2-core machine
+    each model has a core of its own; the other systems use every core for one model at a time.
+    """
 
     MODES = {"self": "self", "layer-skip": "layer_skip", "lookup": "prompt_lookup", "hybrid": "hybrid", "draft": "draft"}
     #: Modes whose draft is not the --draft-low-bit copy (layer-skip drafts in the target's own format).
     OWN_FORMAT = ("prompt_lookup", "layer_skip")
+    #: The second device of the overlapped and pipeline systems.
+    SECOND_CPU = "cpux"
 
     def load(self) -> dict:
+        import os
+
         from xpuspec import AutoModelForCausalLM, SpeculativeConfig
 
-        mode = self.MODES.get(self.name.partition(":")[2])
+        kind, _, mode_name = self.name.partition(":")
+        mode = self.MODES.get(mode_name)
+        overlap = kind == "xpuspec-overlap"
+        os.environ["XPUSPEC_CPU_ALIASES"] = self.SECOND_CPU
+        ov_config = {"KV_CACHE_PRECISION": self.setup.kv_cache_precision} if self.setup.kv_cache_precision else {}
+        if overlap:
+            ov_config["INFERENCE_NUM_THREADS"] = 1
         spec = None
         if mode:
             k = {"num_assistant_tokens": self.setup.num_assistant_tokens} if self.setup.num_assistant_tokens else {}
             draft = self.setup.draft if mode in ("draft", "hybrid") else None
             spec = SpeculativeConfig(mode=mode, draft=draft, cost_model=self.setup.cost_model, **k,
-                                     draft_low_bit=None if mode in self.OWN_FORMAT else self.setup.draft_low_bit)
+                                     draft_low_bit=None if mode in self.OWN_FORMAT else self.setup.draft_low_bit,
+                                     overlap=overlap, draft_device=self.SECOND_CPU if overlap else None)
+        device = f"cpu,{self.SECOND_CPU}" if kind == "xpuspec-pp2" else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.setup.model, device="cpu", load_in_low_bit=self.setup.low_bit, speculative=spec,
-            ov_config={"KV_CACHE_PRECISION": self.setup.kv_cache_precision} if self.setup.kv_cache_precision else None)
+            self.setup.model, device=device, load_in_low_bit=self.setup.low_bit, speculative=spec,
+            ov_config=ov_config or None)
         folder = Path(self.model.runner.folder).resolve()
         if self.setup.ir and folder != Path(self.setup.ir).resolve():
             raise RuntimeError(f"xpuspec loaded {folder}, not the benchmark's IR {self.setup.ir}")
         self.weight_bytes = self.model.runner.weight_bytes
-        settings = {"ir": str(folder), "ov_config": self.model.runner.configs[0]}
+        settings = {"ir": str(folder), "ov_config": self.model.runner.configs[0], "device_map": self.model.device_map}
         if spec is not None:
             settings["speculative"] = {k: v for k, v in spec.__dict__.items() if v is not None}
         if self.model.draft_model is not None:
@@ -341,7 +362,7 @@ class XpuspecSystem(System):
         arrivals = Arrivals()
         out = self._generate(ids, max_new_tokens, streamer=_hf_streamer(arrivals))
         stats = self.model.last_generate_stats
-        counts = dict(steps=stats.target_forwards)
+        counts = dict(steps=stats.target_forwards, idle=stats.idle_fractions)
         if self.speculative:
             counts.update(drafted=stats.drafted_tokens, accepted=stats.accepted_tokens)
         return arrivals.sample(out[0, len(ids):].tolist(), **counts)
@@ -370,6 +391,9 @@ SYSTEMS = {
     "xpuspec-spec:lookup": _spec(XpuspecSystem),
     "xpuspec-spec:hybrid": _spec(XpuspecSystem),
     "xpuspec-spec:draft": _spec(XpuspecSystem, needs_draft=True),
+    "xpuspec-overlap:self": _spec(XpuspecSystem),
+    "xpuspec-overlap:draft": _spec(XpuspecSystem, needs_draft=True),
+    "xpuspec-pp2": XpuspecSystem,
 }
 #: The system whose plain greedy output audits each weight family.
 REFERENCE = {"hf": "hf", "ir": "xpuspec"}
