@@ -3,7 +3,7 @@
 import json
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from transformers import GenerationConfig
@@ -11,7 +11,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import METADATA_FILE, atomic_folder, read_metadata
 from .devices import resolve_device
-from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
+from .distributed import torchrun_world
+from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, PipelineConfigError
 from .decode import decode
 from .generation import pack_output, resolve_generation_config
 from .hf_folder import check_tokenizer_files
@@ -216,6 +217,8 @@ class AutoModelForCausalLM:
         draft_device: Optional[str] = None,
         dtype=None,
         torch_dtype=None,
+        pipeline_parallel_stages: Optional[int] = None,
+        split: Optional[Sequence[int]] = None,
         **kwargs,
     ) -> XpuspecModelForCausalLM:
         """Load a causal LM and place it on a device, compressing its weights if asked.
@@ -240,12 +243,18 @@ class AutoModelForCausalLM:
                 model's own format for layer-skip).
             draft_device: the draft's device (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
             dtype, torch_dtype: ``torch.float16`` / ``torch.float32``, as a format when no low-bit one is given.
+            pipeline_parallel_stages: split the decoder layers over this many processes started by
+                ``torchrun --nproc-per-node N`` (torch backend, one stage per rank, every rank runs the
+                same script; see ``xpuspec_torch.pipeline``).
+            split: decoder layers per stage (e.g. ``[15, 15]``); default: balanced by weight bytes.
 
         Raises:
             ModelSourceError: the model cannot be found or is not a model folder.
             DeviceNotFoundError: the device is unknown or absent.
             LowBitConfigError: an invalid format, parameter, or NPU rule.
             DraftMismatchError: the draft's vocabulary differs from the target's.
+            PipelineConfigError: a pipeline that cannot be built (see ``xpuspec_torch.pipeline.check_plan``).
+            PipelineError: a pipeline rank was lost while loading.
             TypeError: an unknown keyword argument.
         """
         spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
@@ -258,6 +267,7 @@ class AutoModelForCausalLM:
             load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
         low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
+        backend = _torchrun_pipeline_backend(backend, pipeline_parallel_stages, split, spec)
         chosen_backend, device_name = resolve_device(device, backend)
         if low_bit is not None:
             low_bit.check_device(device_name)  # before any slow work
@@ -265,7 +275,9 @@ class AutoModelForCausalLM:
         config = source.config  # a config transformers cannot read fails here, before a backend loads
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), device_name)
-        runner = chosen_backend.load(source, device_name, low_bit, ov_config=ov_config)
+        stages = {} if pipeline_parallel_stages is None else {
+            "stages": [device_name] * pipeline_parallel_stages, "split": split}
+        runner = chosen_backend.load(source, device_name, low_bit, ov_config=ov_config, **stages)
         if low_bit is None:
             low_bit = source.saved_low_bit
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
@@ -295,6 +307,30 @@ class AutoModelForCausalLM:
         if resolve_source(path).saved_low_bit is None:
             raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no low_bit in {METADATA_FILE}).")
         return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config)
+
+
+def _torchrun_pipeline_backend(backend: Optional[str], stages: Optional[int], split, spec) -> Optional[str]:
+    """The backend to load with: ``"torch"`` for a torchrun pipeline of ``stages`` stages, else ``backend``.
+
+    Raises:
+        PipelineConfigError: ``split`` without ``stages``, ``stages`` < 1, not under torchrun, another
+            backend forced, or a speculative mode that loads a draft model (only prompt lookup runs in step).
+    """
+    if stages is None:
+        if split is not None:
+            raise PipelineConfigError("split= needs pipeline_parallel_stages=N.")
+        return backend
+    if not isinstance(stages, int) or stages < 1:
+        raise PipelineConfigError(f"pipeline_parallel_stages must be an int >= 1, got {stages!r}.")
+    if torchrun_world() is None:
+        raise PipelineConfigError(f"pipeline_parallel_stages={stages} runs one stage per process: start the script "
+                                  f"with `torchrun --nproc-per-node {stages} ...`.")
+    if backend not in (None, "torch"):
+        raise PipelineConfigError(f"A torchrun pipeline runs on the torch backend, not {backend!r}; drop backend=.")
+    if spec is not None and spec.uses_model:
+        raise PipelineConfigError(f"speculative={spec.mode!r} would load a draft model on every rank; a pipeline "
+                                  "supports speculative='prompt_lookup' only for now.")
+    return "torch"
 
 
 def _draft_source(spec: SpeculativeConfig, source, target_name):
