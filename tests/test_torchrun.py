@@ -121,7 +121,8 @@ def test_crashed_rank_ends_the_others(tiny, tmp_path):
     (2, [2, 1], 2, "split=[2, 1] must give 2 layer counts, each >= 1, summing to the model's 2 decoder layers"),
     (2, [0, 2], 2, "split=[0, 2] must give 2 layer counts"),
     (2, [2], 2, "split=[2] must give 2 layer counts"),
-    (None, [1, 1], 2, "split= needs pipeline_parallel_stages=N"),
+    (None, [1, 1], 2, "split= needs pipeline_parallel_stages=N with N >= 2"),
+    (0, None, 2, "pipeline_parallel_stages must be an int >= 1, got 0"),
     (2, None, None, "pipeline_parallel_stages=2 runs one stage per process: start the script with `torchrun"),
 ])
 def test_bad_pipeline_refused_before_loading(tiny2, monkeypatch, stages, split, world, message):

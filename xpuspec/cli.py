@@ -44,15 +44,18 @@ def _generate(args) -> int:
         load_in_low_bit=None if args.low_bit == "none" else args.low_bit,
         speculative=_speculative(args), pipeline_parallel_stages=args.pipeline_parallel_stages, split=args.split,
     )
-    if args.pipeline_parallel_stages and args.do_sample:
+    if model.runner.lockstep and args.do_sample:
         from .distributed import same_seed
 
         same_seed()
     if args.verbose and main_rank:
-        print(f"# {model!r}, weights {model.runner.weight_bytes / 2**20:.1f} MiB", file=sys.stderr)
-        for stage in getattr(model.runner, "device_map", []):
-            print(f"# stage {stage['stage']} on rank {stage['rank']} ({stage['device']}): layers "
-                  f"{stage['layers'][0]}..{stage['layers'][1] - 1}, {stage['weight_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+        stages = getattr(model.runner, "device_map", [])
+        print(f"# {model!r}, weights {model.runner.weight_bytes / 2**20:.1f} MiB{' on rank 0' if stages else ''}",
+              file=sys.stderr)
+        for stage in stages:
+            first, end = stage["layers"]
+            print(f"# stage {stage['stage']} on rank {stage['rank']} ({stage['device']}): layers {first}..{end - 1}, "
+                  f"{stage['weight_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
         if model.draft_model is not None:
             print(f"# draft {model.draft_model!r}, extra weights {model.draft_model.runner.weight_bytes / 2**20:.1f} MiB",
                   file=sys.stderr)

@@ -123,9 +123,10 @@ def lost_rank(rank: int, peer: int, what: str) -> Iterator[None]:
         world = torchrun_world()
         raise PipelineError(
             f"rank {rank} lost rank {peer} while {what}: rank {peer} (or one before it in the pipeline) crashed, "
-            f"was killed, or stalled longer than ${TIMEOUT_ENV}={timeout_s():g} s. See rank {peer}'s own error, "
-            f"fix it, and rerun all ranks with `torchrun --nproc-per-node {world.world_size if world else 'N'} ...`; "
-            f"if it is only slow, raise ${TIMEOUT_ENV}. ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"
+            f"was killed, stalled longer than ${TIMEOUT_ENV}={timeout_s():g} s, or finished generating earlier "
+            f"(sampling needs the same seed on every rank). See rank {peer}'s own error, fix it, and rerun all "
+            f"ranks with `torchrun --nproc-per-node {world.world_size if world else 'N'} ...`; if it is only slow, "
+            f"raise ${TIMEOUT_ENV}. ({type(exc).__name__}: {str(exc).splitlines()[0][:300]})"
         ) from exc
 
 

@@ -3,7 +3,7 @@
 import json
 import logging
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 from transformers import GenerationConfig
@@ -267,7 +267,7 @@ class AutoModelForCausalLM:
             load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
         low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
-        backend = _torchrun_pipeline_backend(backend, pipeline_parallel_stages, split, spec)
+        backend, pipelined = _torchrun_pipeline(backend, pipeline_parallel_stages, split, spec)
         chosen_backend, device_name = resolve_device(device, backend)
         if low_bit is not None:
             low_bit.check_device(device_name)  # before any slow work
@@ -275,8 +275,7 @@ class AutoModelForCausalLM:
         config = source.config  # a config transformers cannot read fails here, before a backend loads
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), device_name)
-        stages = {} if pipeline_parallel_stages is None else {
-            "stages": [device_name] * pipeline_parallel_stages, "split": split}
+        stages = {"stages": [device_name] * pipeline_parallel_stages, "split": split} if pipelined else {}
         runner = chosen_backend.load(source, device_name, low_bit, ov_config=ov_config, **stages)
         if low_bit is None:
             low_bit = source.saved_low_bit
@@ -309,19 +308,20 @@ class AutoModelForCausalLM:
         return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config)
 
 
-def _torchrun_pipeline_backend(backend: Optional[str], stages: Optional[int], split, spec) -> Optional[str]:
-    """The backend to load with: ``"torch"`` for a torchrun pipeline of ``stages`` stages, else ``backend``.
+def _torchrun_pipeline(backend: Optional[str], stages: Optional[int], split, spec) -> Tuple[Optional[str], bool]:
+    """``(backend to load with, whether to split)``: ``("torch", True)`` for a torchrun pipeline of
+    ``stages`` >= 2 stages; ``(backend, False)`` for ``stages`` ``None`` or 1 (ipex-llm's default).
 
     Raises:
-        PipelineConfigError: ``split`` without ``stages``, ``stages`` < 1, not under torchrun, another
+        PipelineConfigError: ``stages`` < 1, ``split`` without ``stages`` >= 2, not under torchrun, another
             backend forced, or a speculative mode that loads a draft model (only prompt lookup runs in step).
     """
-    if stages is None:
-        if split is not None:
-            raise PipelineConfigError("split= needs pipeline_parallel_stages=N.")
-        return backend
-    if not isinstance(stages, int) or stages < 1:
+    if stages is not None and (not isinstance(stages, int) or stages < 1):
         raise PipelineConfigError(f"pipeline_parallel_stages must be an int >= 1, got {stages!r}.")
+    if stages is None or stages == 1:
+        if split is not None:
+            raise PipelineConfigError("split= needs pipeline_parallel_stages=N with N >= 2.")
+        return backend, False
     if torchrun_world() is None:
         raise PipelineConfigError(f"pipeline_parallel_stages={stages} runs one stage per process: start the script "
                                   f"with `torchrun --nproc-per-node {stages} ...`.")
@@ -330,7 +330,7 @@ def _torchrun_pipeline_backend(backend: Optional[str], stages: Optional[int], sp
     if spec is not None and spec.uses_model:
         raise PipelineConfigError(f"speculative={spec.mode!r} would load a draft model on every rank; a pipeline "
                                   "supports speculative='prompt_lookup' only for now.")
-    return "torch"
+    return "torch", True
 
 
 def _draft_source(spec: SpeculativeConfig, source, target_name):
