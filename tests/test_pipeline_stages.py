@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from xpuspec import AutoModelForCausalLM
-from xpuspec.errors import DeviceNotFoundError
+from xpuspec.errors import DeviceNotFoundError, PipelineConfigError
+from xpuspec.stages import balanced_split
 
 from conftest import MODEL, PROMPTS
 
@@ -35,13 +36,10 @@ def split(smollm2_path, cpux):
 
 
 def test_balanced_split_minimises_the_largest_stage():
-    from xpuspec_openvino.graph import balanced_split
-
-    assert balanced_split([1] * 30, 2) == [15, 15]
-    assert balanced_split([1] * 30, 2, first_extra=10) == [10, 20]
-    assert balanced_split([5, 1, 1, 1, 1, 1], 2) == [1, 5]
-    assert balanced_split([1, 1, 1, 1, 1], 5) == [1, 1, 1, 1, 1]
-    assert balanced_split([1] * 7, 3, last_extra=3) == [3, 3, 1]
+    assert balanced_split([1] * 30, 0, 0, 2) == [15, 15]
+    assert balanced_split([1] * 30, 10, 0, 2) == [10, 20]
+    assert balanced_split([1, 1, 1, 1, 1], 0, 0, 5) == [1, 1, 1, 1, 1]
+    assert balanced_split([1] * 7, 0, 3, 3) == [3, 3, 1]
 
 
 def test_split_matches_the_whole_model(whole, split, tokenizer):
@@ -77,14 +75,14 @@ def test_speculation_on_a_split_target_stays_identical(split, whole, tokenizer):
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(device="cpu", pipeline_parallel_stages=31), ValueError, "31 pipeline stages for a model of 30 layers"),
-    (dict(device="cpu,cpu", split=[10, 10]), ValueError, "sum to the model's 30 layers"),
-    (dict(device="cpu,cpu", split=[30, 0]), ValueError, "at least 1 layer"),
-    (dict(device="cpu", split=[15, 15]), ValueError, "one layer count per pipeline stage"),
+    (dict(device="cpu", pipeline_parallel_stages=31), PipelineConfigError, "31 pipeline stages for a model of 30 layers"),
+    (dict(device="cpu,cpu", split=[10, 10]), PipelineConfigError, "sum to the model's 30 layers"),
+    (dict(device="cpu,cpu", split=[30, 0]), PipelineConfigError, "at least 1 layer"),
+    (dict(device="cpu", split=[15, 15]), PipelineConfigError, "one layer count per stage"),
     (dict(device="cpu,cpu", pipeline_parallel_stages=3), DeviceNotFoundError, "names 2 devices"),
     (dict(device="cpu,gpu.3"), DeviceNotFoundError, "'gpu.3' is not available"),
     (dict(device="cpu,,cpu"), DeviceNotFoundError, "empty entry"),
-    (dict(device="cpu", pipeline_parallel_stages=0), ValueError, "integer >= 1"),
+    (dict(device="cpu", pipeline_parallel_stages=0), PipelineConfigError, "integer >= 1"),
 ])
 def test_bad_pipeline_plans_are_refused(smollm2_path, kwargs, error, message):
     with pytest.raises(error, match=message):

@@ -18,6 +18,8 @@ from .errors import (
     LowBitConfigError,
     ModelSourceError,
     OutputExistsError,
+    PipelineConfigError,
+    PipelineError,
     PromptTooLongError,
     PullError,
     UnsupportedArchitectureError,
@@ -38,7 +40,7 @@ __all__ = [
     "BUILTIN_MODELS", "pull", "export", "evaluate", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
-    "SpeculativeConfig",
+    "PipelineConfigError", "PipelineError", "SpeculativeConfig",
 ]
 
 

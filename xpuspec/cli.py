@@ -37,23 +37,58 @@ def _generate(args) -> int:
         raise ValueError("The prompt is empty; give some text to continue.")
     if args.speculative is None and (args.draft_low_bit or args.draft_device or args.num_assistant_tokens is not None):
         raise ValueError("--draft-low-bit, --draft-device and --num-assistant-tokens need --speculative MODE.")
+    main_rank = _quiet_unless_rank_0() if args.pipeline_parallel_stages else True
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(
         args.model, device=args.device, backend=args.backend,
         load_in_low_bit=None if args.low_bit == "none" else args.low_bit,
-        speculative=_speculative(args),
+        speculative=_speculative(args), pipeline_parallel_stages=args.pipeline_parallel_stages, split=args.split,
     )
-    if args.verbose:
-        print(f"# {model!r}, weights {model.runner.weight_bytes / 2**20:.1f} MiB", file=sys.stderr)
+    if model.runner.lockstep and args.do_sample:
+        from .distributed import same_seed
+
+        same_seed()
+    if args.verbose and main_rank:
+        stages = getattr(model.runner, "device_map", [])
+        print(f"# {model!r}, weights {model.runner.weight_bytes / 2**20:.1f} MiB{' on rank 0' if stages else ''}",
+              file=sys.stderr)
+        for stage in stages:
+            first, end = stage["layers"]
+            print(f"# stage {stage['stage']} on rank {stage['rank']} ({stage['device']}): layers {first}..{end - 1}, "
+                  f"{stage['weight_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
         if model.draft_model is not None:
             print(f"# draft {model.draft_model!r}, extra weights {model.draft_model.runner.weight_bytes / 2**20:.1f} MiB",
                   file=sys.stderr)
     inputs = tokenizer(args.prompt, return_tensors="pt")
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) \
         if args.do_sample else dict(do_sample=False)
-    model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=TextStreamer(tokenizer, skip_special_tokens=True), **sampling)
-    print(f"[{model.last_generate_stats.summary()}]")
+    streamer = TextStreamer(tokenizer, skip_special_tokens=True) if main_rank else None
+    model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
+    if main_rank:
+        print(f"[{model.last_generate_stats.summary()}]")
     return 0
+
+
+def _quiet_unless_rank_0() -> bool:
+    """True on rank 0 of a torchrun job (or outside one); elsewhere silence logs and progress bars but errors."""
+    from transformers.utils import logging as hf_logging
+
+    from .distributed import torchrun_world
+
+    world = torchrun_world()
+    if world is None or world.rank == 0:
+        return True
+    logging.getLogger("xpuspec").setLevel(logging.ERROR)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    return False
+
+
+def _split(text: str):
+    try:
+        return [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer counts like 15,15, got {text!r}") from None
 
 
 def _speculative(args):
@@ -143,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-low-bit", default=None, choices=FORMATS, help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
     p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4)")
+    p.add_argument("--pipeline-parallel-stages", type=int, default=None, metavar="N",
+                   help="split the layers over N processes: run under `torchrun --nproc-per-node N` (torch backend)")
+    p.add_argument("--split", type=_split, default=None, metavar="N0,N1,...",
+                   help="decoder layers per pipeline stage (default: balanced by weight bytes)")
     p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")
     p.set_defaults(run=_generate)
 

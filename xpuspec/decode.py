@@ -117,6 +117,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
 
 
 def _loop(target, prompt, config, streamer, drafter, schedule, score, start):
+    cost_model = schedule.cost_model and not target.lockstep  # timings differ between a pipeline's ranks
     stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
     stats = GenerationStats(prompt_tokens=len(prompt))
     context, new, scores, raw = list(prompt), [], [], []
@@ -155,11 +156,11 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start):
         if done:
             break
         k = schedule.next_k(k, len(drafts), n)
-        if active and schedule.cost_model and spec_rounds and not speculation_pays(
+        if active and cost_model and spec_rounds and not speculation_pays(
                 min(plain_s), spec_rounds, spec_s, spec_tokens, stats.drafted_tokens):
             active = False
             stats.extra["speculation_off_after_tokens"] = len(new)
-        measuring = schedule.cost_model and len(plain_s) < PLAIN_WARMUP_ROUNDS
+        measuring = cost_model and len(plain_s) < PLAIN_WARMUP_ROUNDS
         width = min(k, limit - len(new) - 1) if active and not measuring else 0
         t0 = time.perf_counter()
         drafts, draft_probs = (drafter.propose(context, width, score, sample, schedule.confidence_threshold)

@@ -56,3 +56,13 @@ class GenerationConfigError(XpuspecError, ValueError):
 
 class UnsupportedArchitectureError(XpuspecError, ValueError):
     """The model's architecture cannot be exported to OpenVINO IR by the installed optimum-intel."""
+
+
+class PipelineConfigError(XpuspecError, ValueError):
+    """A layer-split pipeline cannot be built as asked: more stages than layers, a split that does not
+    sum to the layers, a world size other than the number of stages, or an unsupported architecture."""
+
+
+class PipelineError(XpuspecError, RuntimeError):
+    """A multi-process pipeline failed while it ran: a rank was lost (crashed, killed, timed out),
+    or the ranks' decode loops diverged."""

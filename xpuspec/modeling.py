@@ -3,13 +3,14 @@
 import json
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from transformers import GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import METADATA_FILE, atomic_folder, read_metadata
+from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
 from .decode import decode
 from .generation import pack_output, resolve_generation_config
@@ -17,7 +18,7 @@ from .hf_folder import check_tokenizer_files
 from .inputs import check_fits, check_input_ids, clamp_to_context
 from .lowbit import decoder_in_channels, resolve_low_bit
 from .sources import ModelSource, resolve_source
-from .stages import check_split, resolve_stage_devices
+from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_model
 from .speculative.pairing import check_draft, plan_speculation
@@ -224,7 +225,7 @@ class AutoModelForCausalLM:
         dtype=None,
         torch_dtype=None,
         pipeline_parallel_stages: Optional[int] = None,
-        split=None,
+        split: Optional[Sequence[int]] = None,
         **kwargs,
     ) -> XpuspecModelForCausalLM:
         """Load a causal LM and place it on a device, compressing its weights if asked.
@@ -250,16 +251,21 @@ class AutoModelForCausalLM:
                 model's own format for layer-skip).
             draft_device: the draft's device (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
             dtype, torch_dtype: ``torch.float16`` / ``torch.float32``, as a format when no low-bit one is given.
-            pipeline_parallel_stages: split the decoder layers into this many stages (ipex-llm's name): on
-                ``gpu``/``xpu`` one per device (gpu.0 .. gpu.N-1), on ``cpu`` all on the CPU. See :attr:`device_map`.
-            split: layers per stage, e.g. ``[10, 20]``; default balanced by weight bytes.
+            pipeline_parallel_stages: split the decoder layers into this many stages (ipex-llm's name). In one
+                process (OpenVINO): on ``gpu``/``xpu`` one per device (gpu.0 .. gpu.N-1), on ``cpu`` all on the CPU;
+                a device list sets each stage's device. Under ``torchrun --nproc-per-node N`` (torch backend): one
+                stage per process, every rank running the same script (see ``xpuspec_torch.pipeline``).
+                See :attr:`device_map`.
+            split: decoder layers per stage (e.g. ``[15, 15]``); default: balanced by weight bytes.
 
         Raises:
             ModelSourceError: the model cannot be found or is not a model folder.
             DeviceNotFoundError: the device is unknown or absent.
             LowBitConfigError: an invalid format, parameter, or NPU rule.
-            ValueError: more pipeline stages than layers, or a ``split`` that does not fit them.
             DraftMismatchError: the draft's vocabulary differs from the target's.
+            PipelineConfigError: a pipeline that cannot be built: more stages than layers, a ``split`` that
+                does not fit them, a torchrun world of another size (see ``xpuspec_torch.pipeline.check_plan``).
+            PipelineError: a pipeline rank was lost while loading.
             TypeError: an unknown keyword argument.
         """
         spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
@@ -272,8 +278,12 @@ class AutoModelForCausalLM:
             load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
         low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
-        chosen_backend, stage_devices = resolve_stage_devices(device, pipeline_parallel_stages, backend)
-        device_name = ",".join(stage_devices)
+        if torchrun_pipeline(backend, pipeline_parallel_stages, spec):  # one stage per torchrun process
+            chosen_backend, device_name = resolve_device(device, "torch")
+            stage_devices = [device_name] * pipeline_parallel_stages
+        else:  # every stage in this process, one device each
+            chosen_backend, stage_devices = resolve_stage_devices(device, pipeline_parallel_stages, backend)
+            device_name = ",".join(stage_devices)
         for name in stage_devices if low_bit is not None else ():
             low_bit.check_device(name)  # before any slow work
         source = resolve_source(pretrained_model_name_or_path)

@@ -23,6 +23,8 @@ class Runner(ABC):
         fixed_verify_width: pad speculative verify passes to one width: changing the input length
             costs this backend more than the padding (OpenVINO CPU: 8-14 ms per change, measured),
             and its rollback of the padding is free.
+        lockstep: one stage of a multi-process pipeline: every rank runs the same decode loop and
+            must take the same decisions, so none may depend on timing (the cost model is off).
     """
 
     device: str
@@ -32,6 +34,7 @@ class Runner(ABC):
     max_length: Optional[int] = None
     max_prompt_len: Optional[int] = None
     fixed_verify_width: bool = False
+    lockstep: bool = False
 
     @property
     @abstractmethod

@@ -66,37 +66,6 @@ def layer_bytes(model: ov.Model) -> List[int]:
     return sizes
 
 
-def balanced_split(sizes: Sequence[int], stages: int, first_extra: int = 0, last_extra: int = 0) -> List[int]:
-    """Layer counts per stage that minimise the largest stage's weight bytes (contiguous layers).
-
-    Args:
-        sizes: weight bytes of each layer.
-        stages: number of stages (1 <= stages <= len(sizes)).
-        first_extra, last_extra: bytes only the first stage (embedding) or the last (norm, head) holds.
-
-    Returns:
-        ``stages`` counts, each >= 1, summing to ``len(sizes)``.
-    """
-    n = len(sizes)
-    prefix = [0]
-    for size in sizes:
-        prefix.append(prefix[-1] + size)
-
-    def cost(s: int, a: int, b: int) -> int:
-        return prefix[b] - prefix[a] + (first_extra if s == 0 else 0) + (last_extra if s == stages - 1 else 0)
-
-    # best[s][b]: (largest stage bytes, cuts) for layers [0, b) in stages 0..s
-    best = [{b: (cost(0, 0, b), [b]) for b in range(1, n - stages + 2)}]
-    for s in range(1, stages):
-        row = {}
-        for b in range(s + 1, n - stages + s + 2):
-            row[b] = min(((max(best[s - 1][a][0], cost(s, a, b)), best[s - 1][a][1] + [b])
-                          for a in range(s, b) if a in best[s - 1]), key=lambda item: item[0])
-        best.append(row)
-    cuts = best[-1][n][1]
-    return [b - a for a, b in zip([0] + cuts[:-1], cuts)]
-
-
 def _residual_into(model: ov.Model, layer: int) -> ov.Output:
     """The residual-stream tensor entering ``layer``: produced in layer-1 and used by ``layer`` alone."""
     found = []

@@ -29,9 +29,9 @@ import openvino as ov
 import torch
 
 from xpuspec.runner import Runner
+from xpuspec.stages import balanced_split
 
-from .graph import (HIDDEN_IN, LOGITS_TO_KEEP, balanced_split, constant_bytes, keep_last_logits, layer_bytes,
-                    num_layers, split_stages)
+from .graph import HIDDEN_IN, LOGITS_TO_KEEP, constant_bytes, keep_last_logits, layer_bytes, num_layers, split_stages
 from .ir import MODEL_BIN, read_ir
 
 SEQ_AXIS = 2
@@ -46,7 +46,7 @@ def balanced_stages(model: ov.Model, stages: int) -> List[int]:
         return [num_layers(model)]
     sizes = layer_bytes(model)
     shared = constant_bytes(model) - sum(sizes)
-    return balanced_split(sizes, stages, first_extra=shared // 2, last_extra=shared - shared // 2)
+    return balanced_split(sizes, shared // 2, shared - shared // 2, stages)
 
 
 @dataclass

@@ -37,7 +37,15 @@ class TorchBackend(Backend):
             aliases.add("xpu")
         return requested in aliases
 
-    def load(self, source, device: str, low_bit, **_):
+    def load(self, source, device: str, low_bit, stages=None, split=None, **_):
+        """A :class:`TorchRunner`, or with ``stages`` (one device per stage) this torchrun rank's
+        :class:`TorchPipelineRunner` over ``split`` (decoder layers per stage; default balanced by weight bytes).
+
+        Raises:
+            ModelSourceError: ``source`` is an OpenVINO IR.
+            LowBitConfigError: a format other than fp32/fp16.
+            PipelineConfigError, PipelineError: see :func:`xpuspec_torch.pipeline.load_stage`.
+        """
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -55,6 +63,12 @@ class TorchBackend(Backend):
                 f"The torch backend runs fp32 and fp16 only, not {fmt}. For INT8/INT4 weights use the OpenVINO "
                 "backend (backend='openvino', devices cpu/gpu/npu)."
             )
+        if stages is not None:
+            from xpuspec.distributed import torchrun_world
+
+            from .pipeline import load_stage
+
+            return load_stage(source.path, source.config, stages, split, dtypes[fmt], torchrun_world())
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtypes[fmt]).to(device).eval()
         return TorchRunner(model, device)
 

@@ -1,0 +1,161 @@
+"""Layer-split pipeline over torchrun ranks (torch backend, gloo on 127.0.0.1).
+
+Real SmolLM2 fp32 split 15/15 over 2 ranks against the single-process torch backend: prompt logits,
+64-token greedy continuations (plain and prompt-lookup speculative) and the bytes each stage holds.
+Tiny random Llamas cover the CLI, bad input and a crashed rank.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import MODEL
+from tiny import tiny_model
+
+from xpuspec import AutoModelForCausalLM, AutoTokenizer, PipelineConfigError, SpeculativeConfig
+from xpuspec.distributed import TIMEOUT_ENV, timeout_s
+from xpuspec.stages import balanced_split
+
+WORKER = Path(__file__).with_name("torchrun_worker.py")
+PROMPTS = ["def fibonacci(n):", "The capital of France is"]
+NEW_TOKENS = 64
+#: Measured 4.7e-5 and 3.6e-5 (the ranks run 1 thread each, this process 2: other reduction orders).
+LOGITS_ATOL = 2e-4
+
+
+def _torchrun(*args, nproc=2, env=None, timeout=400):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+           f"--master-port={port}", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("tiny4"), seed=0, layers=4)
+
+
+@pytest.fixture(scope="module")
+def tiny2(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("tiny2"), seed=0, layers=2)
+
+
+def _layer_bytes(c) -> int:
+    """fp32 bytes of one Llama decoder layer, from the config."""
+    head_dim = c.hidden_size // c.num_attention_heads
+    attention = 2 * c.hidden_size * c.num_attention_heads * head_dim + 2 * c.hidden_size * c.num_key_value_heads * head_dim
+    return 4 * (attention + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size)
+
+
+def test_split_smollm2_matches_single_process(smollm2_path, tmp_path):
+    out = tmp_path / "pipeline.pt"
+    done = _torchrun(WORKER, MODEL, out, 2, "15,15", NEW_TOKENS, *PROMPTS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == ""  # only the worker's files carry results
+    ranks = [torch.load(out), torch.load(f"{out}.rank1")]
+
+    single = AutoModelForCausalLM.from_pretrained(MODEL, backend="torch", load_in_low_bit="fp32", device="cpu")
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    for i, prompt in enumerate(PROMPTS):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        assert (ranks[0]["logits"][i] - single(ids).logits[0]).abs().max() < LOGITS_ATOL
+        greedy = single.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
+        assert len(greedy) == ids.shape[1] + NEW_TOKENS
+        for rank in ranks:  # every rank's decode loop took the same decisions
+            assert rank["greedy"][i] == greedy and rank["lookup"][i] == greedy
+
+    c = single.config
+    embed, norm, layer = 4 * c.vocab_size * c.hidden_size, 4 * c.hidden_size, _layer_bytes(c)
+    whole = embed + c.num_hidden_layers * layer + norm  # tied head: counted once
+    assert single.runner.weight_bytes == whole == 538_060_032
+    stages = [embed + 15 * layer, 15 * layer + norm + embed]  # the last stage holds the tied head's copy
+    assert ranks[0]["device_map"] == ranks[1]["device_map"] == [
+        {"stage": 0, "device": "cpu", "layers": [0, 15], "weight_bytes": stages[0], "rank": 0},
+        {"stage": 1, "device": "cpu", "layers": [15, 30], "weight_bytes": stages[1], "rank": 1}]
+    assert [r["weight_bytes"] for r in ranks] == stages
+    assert max(stages) < whole and sum(stages) == whole + embed
+
+
+def test_cli_prints_on_rank_0_only(tiny):
+    done = _torchrun("-m", "xpuspec", "generate", "--model", tiny, "--backend", "torch", "--low-bit", "none",
+                     "--pipeline-parallel-stages", "2", "--verbose", "--max-new-tokens", "8",
+                     "--speculative", "prompt_lookup", "w1 w2 w3 w1 w2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("w1 w2 w3 w1 w2") and done.stdout.count("new tokens 8") == 1
+    assert done.stderr.count("# stage 0 on rank 0 (cpu): layers 0..1") == 1  # balanced by bytes: 2 + 2
+    assert done.stderr.count("# stage 1 on rank 1 (cpu): layers 2..3") == 1
+
+
+def test_cli_world_size_must_equal_stages(tiny):
+    started = time.monotonic()
+    done = _torchrun("-m", "xpuspec", "generate", "--model", tiny, "--backend", "torch", "--low-bit", "none",
+                     "--pipeline-parallel-stages", "3", "w1")
+    assert done.returncode != 0 and time.monotonic() - started < 120
+    assert "3 pipeline stages but torchrun started 2 processes; run `torchrun --nproc-per-node 3" in done.stderr
+
+
+def test_crashed_rank_ends_the_others(tiny, tmp_path):
+    """Rank 1 exits after its first forward; rank 0 raises PipelineError: it finds the closed connection,
+    or torchrun stops it with SIGTERM first (both messages are xpuspec's). No hang."""
+    started = time.monotonic()
+    done = _torchrun(WORKER, tiny, tmp_path / "out.pt", 2, "-", 8, "w1 w2 w3",
+                     env={"CRASH_RANK": "1", TIMEOUT_ENV: "20"}, timeout=180)
+    assert done.returncode != 0 and time.monotonic() - started < 150
+    assert ("PipelineError: rank 0 lost rank 1 while" in done.stderr
+            or "PipelineError: rank 0 was stopped by SIGTERM: torchrun stops every rank when one of them fails"
+            in done.stderr), done.stderr[-3000:]
+    assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("stages, split, world, message", [
+    (2, None, 3, "2 pipeline stages but torchrun started 3 processes"),
+    (3, None, 3, "3 pipeline stages for a model of 2 layers"),
+    (2, [2, 1], 2, "split=[2, 1] must give every stage at least 1 layer and sum to the model's 2 layers"),
+    (2, [0, 2], 2, "split=[0, 2] must give every stage at least 1 layer"),
+    (2, [2], 2, "split=[2] gives 1 stages for a pipeline of 2"),
+    (None, [1, 1], 2, "split=[1, 1] gives 2 stages for a pipeline of 1"),
+    (0, None, 2, "pipeline_parallel_stages must be an integer >= 1, got 0"),
+    (2, None, None, "2 pipeline stages need 2 processes: run `torchrun --nproc-per-node 2"),
+])
+def test_bad_pipeline_refused_before_loading(tiny2, monkeypatch, stages, split, world, message):
+    """Refused on every rank alike before any weights load or process group forms (no torchrun needed)."""
+    monkeypatch.setenv("WORLD_SIZE", str(world or 1))
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(PipelineConfigError, match=re.escape(message)):
+        AutoModelForCausalLM.from_pretrained(tiny2, backend="torch", pipeline_parallel_stages=stages, split=split)
+    assert not torch.distributed.is_initialized()
+
+
+def test_model_drafts_and_other_backends_refused(tiny, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(PipelineConfigError, match="supports speculative='prompt_lookup' only"):
+        AutoModelForCausalLM.from_pretrained(tiny, pipeline_parallel_stages=2, speculative=SpeculativeConfig())
+    with pytest.raises(PipelineConfigError, match="runs on the torch backend, not 'openvino'"):
+        AutoModelForCausalLM.from_pretrained(tiny, backend="openvino", pipeline_parallel_stages=2)
+
+
+def test_balanced_split_by_weight_bytes():
+    layer, embed = 14_160_384, 113_246_208  # SmolLM2-135M fp32; the last stage holds the tied head
+    assert balanced_split([layer] * 30, embed, embed, 2) == [15, 15]
+    assert balanced_split([layer] * 30, embed, embed, 3) == [7, 15, 8]  # largest stage 16 layers (or 8 + head)
+    assert balanced_split([layer] * 30, embed, 0, 2) == [11, 19]  # an untied model's head on another stage
+    assert balanced_split([5, 1, 1, 1, 1, 1], 0, 0, 2) == [1, 5]
+
+
+def test_timeout_setting(monkeypatch):
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert timeout_s() == 60.0
+    monkeypatch.setenv(TIMEOUT_ENV, "2.5")
+    assert timeout_s() == 2.5
+    monkeypatch.setenv(TIMEOUT_ENV, "soon")
+    with pytest.raises(PipelineConfigError, match=r"\$XPUSPEC_DIST_TIMEOUT must be a number of seconds > 0, got 'soon'"):
+        timeout_s()
