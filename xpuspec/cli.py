@@ -49,16 +49,9 @@ def _generate(args) -> int:
 
         same_seed()
     if args.verbose and main_rank:
-        stages = getattr(model.runner, "device_map", [])
-        print(f"# {model!r}, weights {model.runner.weight_bytes / 2**20:.1f} MiB{' on rank 0' if stages else ''}",
-              file=sys.stderr)
-        for stage in stages:
-            first, end = stage["layers"]
-            print(f"# stage {stage['stage']} on rank {stage['rank']} ({stage['device']}): layers {first}..{end - 1}, "
-                  f"{stage['weight_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+        _print_device_map("target", model)
         if model.draft_model is not None:
-            print(f"# draft {model.draft_model!r}, extra weights {model.draft_model.runner.weight_bytes / 2**20:.1f} MiB",
-                  file=sys.stderr)
+            _print_device_map("draft", model.draft_model)
     inputs = tokenizer(args.prompt, return_tensors="pt")
     sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) \
         if args.do_sample else dict(do_sample=False)
@@ -67,6 +60,17 @@ def _generate(args) -> int:
     if main_rank:
         print(f"[{model.last_generate_stats.summary()}]")
     return 0
+
+
+def _print_device_map(role: str, model) -> None:
+    """One line for the model and one per pipeline stage: device, layers, weight bytes (stderr)."""
+    print(f"# {role} {model!r}, weights {model.runner.weight_bytes / 2**20:.1f} MiB", file=sys.stderr)
+    for stage in model.device_map:
+        first, end = stage["layers"]
+        rank = f" on rank {stage['rank']}" if "rank" in stage else ""
+        runs = f", runs on {'/'.join(stage['execution_devices'])}" if "execution_devices" in stage else ""
+        print(f"# stage {stage['stage']}{rank} ({stage['device']}): layers {first}..{end - 1}, "
+              f"{stage['weight_bytes'] / 2**20:.1f} MiB{runs}", file=sys.stderr)
 
 
 def _quiet_unless_rank_0() -> bool:
@@ -179,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
     p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4)")
     p.add_argument("--pipeline-parallel-stages", type=int, default=None, metavar="N",
-                   help="split the layers over N processes: run under `torchrun --nproc-per-node N` (torch backend)")
+                   help="split the layers into N stages: over the devices of --device (a list such as cpu,cpux or "
+                        "gpu.0,gpu.1), or under `torchrun --nproc-per-node N` one per process (torch backend)")
     p.add_argument("--split", type=_split, default=None, metavar="N0,N1,...",
                    help="decoder layers per pipeline stage (default: balanced by weight bytes)")
     p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")
