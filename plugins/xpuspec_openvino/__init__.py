@@ -38,12 +38,18 @@ def compile_config(device: str, user_config: Optional[dict] = None) -> dict:
 
     CPU uses an f32 KV cache: with the default u8 cache a k-token verify pass differs from
     single-token decoding at near-ties (measured, ../shared/OPENVINO-NOTES.md), at no
-    measurable speed cost for f32 at this size. GPU and NPU cache compiled blobs.
+    measurable speed cost for f32 at this size. With a second CPU device registered
+    (``$XPUSPEC_CPU_ALIASES``) CPU pinning is off: both plugin instances would pin their threads to
+    the same cores (measured on the Qwen2.5 1.5B/0.5B pair with one thread each: a target step
+    took 262 ms alone and 495 ms beside the running draft when pinned, 277 ms unpinned). GPU and
+    NPU cache compiled blobs.
     """
     kind = _kind(device)
     config = {"PERFORMANCE_HINT": "LATENCY"}
     if kind == "cpu":
         config["KV_CACHE_PRECISION"] = "f32"
+        if cpu_aliases():  # each CPU plugin instance pins its threads from core 0, onto the same cores:
+            config["ENABLE_CPU_PINNING"] = False  # (see the docstring)
     else:
         config["CACHE_DIR"] = str(cache_root() / "ov_compiled")
     if kind == "npu":
