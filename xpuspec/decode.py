@@ -102,6 +102,10 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     start = time.perf_counter()
     schedule = schedule or DraftSchedule()
     processors = logits_processor(config, len(prompt))
+    if drafter is None and _native_greedy_applies(config, processors):
+        done = _native_greedy(target, prompt, config, streamer, start)
+        if done is not None:
+            return done
 
     def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
         return processors(torch.tensor([prefix]), logits)
@@ -114,6 +118,37 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     finally:
         if drafter is not None:
             drafter.stop()
+
+
+#: Logits processors a backend's native greedy engine applies itself (through min_new_tokens).
+_NATIVE_PROCESSORS = ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")
+
+
+def _native_greedy_applies(config: GenerationConfig, processors) -> bool:
+    """Plain greedy decoding without scores, logits or processors other than the length rules."""
+    return (not config.do_sample and not config.output_scores and not config.output_logits
+            and all(type(p).__name__ in _NATIVE_PROCESSORS for p in processors))
+
+
+def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, streamer, start: float):
+    """Decode in the target's native engine (:meth:`Runner.native_greedy`); ``None`` when it has none."""
+    limit = max_new_tokens(config, len(prompt))
+    min_new = max(config.min_new_tokens or 0, (config.min_length or 0) - len(prompt), 0)
+    arrivals = []
+
+    def on_token(token: int) -> None:
+        arrivals.append(time.perf_counter())
+        if streamer is not None:
+            streamer.put(torch.tensor([token]))
+
+    new = target.native_greedy(list(prompt), limit, min(min_new, limit), eos_ids(config), on_token)
+    if new is None:
+        return None
+    end = time.perf_counter()
+    first = arrivals[0] if arrivals else end
+    stats = GenerationStats(prompt_tokens=len(prompt), new_tokens=len(new), ttft_s=first - start,
+                            decode_s=end - first, target_forwards=len(new), extra={"engine": "native"})
+    return new, [], [], stats
 
 
 def _loop(target, prompt, config, streamer, drafter, schedule, score, start):

@@ -4,7 +4,7 @@ The decode loop talks only to this interface; it knows nothing of OpenVINO or to
 """
 
 from abc import ABC, abstractmethod
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -60,6 +60,22 @@ class Runner(ABC):
             float32 tensor ``[k, vocab_size]`` (``[logits_to_keep, vocab_size]``) on the CPU: row i
             scores the token after ``tokens[i]``.
         """
+
+    def native_greedy(self, prompt: List[int], max_new_tokens: int, min_new_tokens: int, eos: Sequence[int],
+                      on_token: Callable[[int], None]) -> Optional[List[int]]:
+        """Plain greedy decoding in the backend's own engine, where it has one that gives the same
+        tokens faster than xpuspec's loop; ``None`` means it has none (xpuspec's loop decodes).
+
+        Args:
+            prompt: prompt token ids.
+            max_new_tokens, min_new_tokens: length limits (EOS is ignored before ``min_new_tokens``).
+            eos: token ids that end generation.
+            on_token: called with each new token id as it is generated.
+
+        Returns:
+            the new token ids, or ``None``. The runner's own KV cache is left as it was.
+        """
+        return None
 
     @abstractmethod
     def rollback(self, n: int) -> None:

@@ -31,6 +31,7 @@ import torch
 from xpuspec.runner import Runner
 from xpuspec.stages import balanced_split
 
+from .genai_engine import GenAIGreedy
 from .graph import HIDDEN_IN, LOGITS_TO_KEEP, constant_bytes, keep_last_logits, layer_bytes, num_layers, split_stages
 from .ir import MODEL_BIN, read_ir
 
@@ -114,6 +115,15 @@ class OpenVINORunner(Runner):
         self.max_dead_slots = max_dead_slots if "attention_mask" in self._feeds else 0
         self._live = np.zeros(0, dtype=np.int64)  # one entry per slot of the state tensors: 1 live, 0 dead
         self._length = 0
+        whole = len(self.stages) == 1 and not devices[0].startswith("npu")  # NPUW has its own LLM pipeline
+        self._genai = GenAIGreedy(self.folder, devices[0].upper(), self.configs[0]) if whole else None
+
+    def native_greedy(self, prompt, max_new_tokens, min_new_tokens, eos, on_token):
+        """openvino_genai's C++ loop on the same IR and device (see :mod:`.genai_engine`); ``None`` for
+        a model split into stages or on the NPU."""
+        if self._genai is None:
+            return None
+        return self._genai.generate(prompt, max_new_tokens, min_new_tokens, eos, on_token)
 
     @property
     def length(self) -> int:
