@@ -13,6 +13,10 @@ round. T1 is timed on the first plain steps of each request. Speculation stops a
 round if even a full accept (tau = k + 1) cannot pay, and after a few rounds if the measured tau
 does not.
 
+Plain greedy decoding without scores, logits or processors other than the length rules runs in the
+target's native engine where it has one (:meth:`Runner.native_greedy`; openvino_genai's C++ loop on
+OpenVINO), which gives the same tokens with less per-step overhead.
+
 On a target that prefers a fixed verify width (OpenVINO, where a new input length costs 8-14 ms),
 every speculative round feeds the widest verify input seen so far, padded with a repeated token
 whose KV slots are rolled back at once; a round without drafts then counts as a speculative round.
@@ -147,7 +151,8 @@ def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, 
     end = time.perf_counter()
     first = arrivals[0] if arrivals else end
     stats = GenerationStats(prompt_tokens=len(prompt), new_tokens=len(new), ttft_s=first - start,
-                            decode_s=end - first, target_forwards=len(new), extra={"engine": "native"})
+                            decode_s=end - first, target_forwards=len(new), prefill_s=first - start,
+                            verify_s=end - first, extra={"engine": "native"})
     return new, [], [], stats
 
 

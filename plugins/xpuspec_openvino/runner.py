@@ -111,8 +111,7 @@ class OpenVINORunner(Runner):
                                      compiled.create_infer_request(), {i.any_name for i in part.inputs},
                                      [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]))
         self.weight_bytes = sum(s.weight_bytes for s in self.stages)
-        self._feeds = self.stages[0].inputs | self.stages[-1].inputs
-        self.max_dead_slots = max_dead_slots if "attention_mask" in self._feeds else 0
+        self.max_dead_slots = max_dead_slots if "attention_mask" in self.stages[0].inputs else 0
         self._live = np.zeros(0, dtype=np.int64)  # one entry per slot of the state tensors: 1 live, 0 dead
         self._length = 0
         whole = len(self.stages) == 1 and not devices[0].startswith("npu")  # NPUW has its own LLM pipeline
