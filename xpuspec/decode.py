@@ -118,7 +118,8 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     if drafter is not None:
         drafter.start(list(prompt), score, bool(config.do_sample), schedule.confidence_threshold)
     try:
-        return _loop(target, prompt, config, streamer, drafter, schedule, score, start)
+        return _loop(target, prompt, config, streamer, drafter, schedule, score, start,
+                     native=_native_greedy_applies(config, processors))
     finally:
         if drafter is not None:
             drafter.stop()
@@ -134,10 +135,12 @@ def _native_greedy_applies(config: GenerationConfig, processors) -> bool:
             and all(type(p).__name__ in _NATIVE_PROCESSORS for p in processors))
 
 
-def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, streamer, start: float):
-    """Decode in the target's native engine (:meth:`Runner.native_greedy`); ``None`` when it has none."""
-    limit = max_new_tokens(config, len(prompt))
-    min_new = max(config.min_new_tokens or 0, (config.min_length or 0) - len(prompt), 0)
+def _min_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
+    return max(config.min_new_tokens or 0, (config.min_length or 0) - prompt_len, 0)
+
+
+def _run_native(target: Runner, context: List[int], limit: int, min_new: int, config: GenerationConfig, streamer):
+    """``(new tokens, arrival times)`` from the target's native greedy engine, or ``None`` when it has none."""
     arrivals = []
 
     def on_token(token: int) -> None:
@@ -145,9 +148,17 @@ def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, 
         if streamer is not None:
             streamer.put(torch.tensor([token]))
 
-    new = target.native_greedy(list(prompt), limit, min(min_new, limit), eos_ids(config), on_token)
-    if new is None:
+    new = target.native_greedy(list(context), limit, min(min_new, limit), eos_ids(config), on_token)
+    return None if new is None else (new, arrivals)
+
+
+def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, streamer, start: float):
+    """Decode in the target's native engine (:meth:`Runner.native_greedy`); ``None`` when it has none."""
+    done = _run_native(target, prompt, max_new_tokens(config, len(prompt)), _min_new_tokens(config, len(prompt)),
+                       config, streamer)
+    if done is None:
         return None
+    new, arrivals = done
     end = time.perf_counter()
     first = arrivals[0] if arrivals else end
     stats = GenerationStats(prompt_tokens=len(prompt), new_tokens=len(new), ttft_s=first - start,
@@ -156,7 +167,9 @@ def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, 
     return new, [], [], stats
 
 
-def _loop(target, prompt, config, streamer, drafter, schedule, score, start):
+def _loop(target, prompt, config, streamer, drafter, schedule, score, start, native):
+    """The decode loop; ``native``: once the cost model switches speculation off, the target's native
+    greedy engine (if any) decodes the rest of the request."""
     cost_model = schedule.cost_model and not target.lockstep  # timings differ between a pipeline's ranks
     stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
     stats = GenerationStats(prompt_tokens=len(prompt))
@@ -200,6 +213,15 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start):
                 min(plain_s), spec_rounds, spec_s, spec_tokens, stats.drafted_tokens):
             active = False
             stats.extra["speculation_off_after_tokens"] = len(new)
+            t0 = time.perf_counter()
+            rest = _run_native(target, context, limit - len(new), _min_new_tokens(config, len(prompt)) - len(new),
+                               config, streamer) if native else None
+            if rest is not None:
+                new += rest[0]
+                stats.target_forwards += len(rest[0])
+                stats.verify_s += time.perf_counter() - t0
+                stats.extra["engine"] = "native after speculation"
+                break
         measuring = cost_model and len(plain_s) < PLAIN_WARMUP_ROUNDS
         width = min(k, limit - len(new) - 1) if active and not measuring else 0
         t0 = time.perf_counter()
