@@ -135,3 +135,20 @@ def test_prompt_lookup_finds_the_latest_longest_match():
     assert lookup.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]
     assert lookup.lookup([7, 8, 9], 3) == []
     assert lookup.lookup([5, 6, 5], 2) == [6, 5]
+
+
+def test_speculation_memory_skips_after_two_failures_and_backs_off():
+    from xpuspec.speculative.memory import MAX_SKIPPED, SpeculationMemory
+
+    memory, key = SpeculationMemory(), ("ModelDrafter", 1)
+    pattern = []
+    for _ in range(40):
+        speculate = memory.should_speculate(key)
+        pattern.append(speculate)
+        if speculate:
+            memory.record(key, switched_off=True)
+    probes = [i for i, p in enumerate(pattern) if p]
+    assert probes[:6] == [0, 1, 3, 6, 11, 20]  # two failures, then 1, 2, 4, 8 skipped between probes
+    assert all(b - a - 1 <= MAX_SKIPPED for a, b in zip(probes, probes[1:]))
+    memory.record(key, switched_off=False)  # a probe where speculation paid resets the count
+    assert memory.should_speculate(key) and memory.should_speculate(("other", 2))

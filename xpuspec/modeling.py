@@ -21,6 +21,7 @@ from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_model
+from .speculative.memory import SpeculationMemory
 from .speculative.pairing import check_draft, plan_speculation
 
 log = logging.getLogger("xpuspec")
@@ -61,6 +62,7 @@ class XpuspecModelForCausalLM:
         self.last_generate_stats = None
         self.speculative_config: Optional[SpeculativeConfig] = None
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
+        self._speculation_memory = SpeculationMemory()
 
     @property
     def device_map(self):
@@ -108,6 +110,10 @@ class XpuspecModelForCausalLM:
         If the prompt plus ``max_new_tokens`` passes the model's context, generation stops at the
         context (fewer new tokens) and one warning is logged.
 
+        With the cost model on (the default), speculation that measured slower than plain decoding on the
+        last two requests is skipped on the next ones, and probed again after 1, 2, 4, ... (at most 16)
+        skipped requests (:mod:`xpuspec.speculative.memory`; ``last_generate_stats.extra`` says so).
+
         Raises:
             InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,
                 an ``attention_mask`` of another shape.
@@ -136,7 +142,15 @@ class XpuspecModelForCausalLM:
         clamp_to_context(config, input_ids.shape[1], context)
         if streamer is not None:
             streamer.put(input_ids.cpu())
-        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer, drafter, schedule)
+        memory_key = (type(drafter).__name__, id(assistant_model))
+        remembered = drafter is not None and schedule.cost_model
+        skipped = remembered and not self._speculation_memory.should_speculate(memory_key)
+        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer,
+                                         None if skipped else drafter, schedule)
+        if skipped:
+            stats.extra["speculation_skipped"] = "the cost model switched it off on the last requests"
+        elif remembered:
+            self._speculation_memory.record(memory_key, "speculation_off_after_tokens" in stats.extra)
         if streamer is not None:
             streamer.end()
         self.last_generate_stats = stats
