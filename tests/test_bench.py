@@ -181,5 +181,6 @@ def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):
     assert [s["system"] for s in result["samples"]] == list(SYSTEMS) * 2
     assert set(result["summary"]) == set(SYSTEMS)
     table_rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
-    assert len(table_rows) == 2 * (len(SYSTEMS) + 1)
+    idle_rows = 1 + sum(name.startswith("xpuspec") for name in SYSTEMS)  # the idle-fraction table
+    assert len(table_rows) == 2 * (len(SYSTEMS) + 1) + idle_rows
     assert (tmp_path / "smoke.png").stat().st_size > 0

@@ -214,8 +214,8 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
             active = False
             stats.extra["speculation_off_after_tokens"] = len(new)
             t0 = time.perf_counter()
-            rest = _run_native(target, context, limit - len(new), _min_new_tokens(config, len(prompt)) - len(new),
-                               config, streamer) if native else None
+            rest = _run_native(target, context, limit - len(new),
+                               max(0, _min_new_tokens(config, len(prompt)) - len(new)), config, streamer) if native else None
             if rest is not None:
                 new += rest[0]
                 stats.target_forwards += len(rest[0])

@@ -204,8 +204,11 @@ def resolve_device(device=None, backend: Optional[str] = None) -> Tuple[Backend,
             f"Device {spec!r} is not available on this machine{where}. Available: {_describe(available)}. "
             f"Set {DEVICE_ENV} or device= to one of these."
         )
-    close = difflib.get_close_matches(spec, vocabulary, n=1, cutoff=0.5)
+    close = [c for c in difflib.get_close_matches(spec, vocabulary, n=2, cutoff=0.5) if c != spec][:1]
     hint = f" Did you mean {close[0]!r}?" if close else ""
+    if spec.startswith("cpu"):
+        hint += (" A second CPU device for multi-device runs on one CPU comes from the OpenVINO backend: set "
+                 f"XPUSPEC_CPU_ALIASES={spec}.")
     raise DeviceNotFoundError(
         f"Unknown device {spec!r}.{hint} Valid spellings: cpu, gpu, gpu.N, npu, xpu, xpu:N, auto. "
         f"Available here: {_describe(available)}."

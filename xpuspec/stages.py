@@ -23,8 +23,8 @@ def stage_device_names(device=None, stages: Optional[int] = None) -> List[str]:
         stages: ``pipeline_parallel_stages``; ``None`` takes the list's length.
 
     Raises:
-        DeviceNotFoundError: an empty entry in the list, or a list whose length differs from ``stages``.
-        PipelineConfigError: ``stages`` < 1.
+        DeviceNotFoundError: an empty entry in the list.
+        PipelineConfigError: ``stages`` < 1, or a list whose length differs from ``stages``.
     """
     spec = requested_device(device)
     names = [name.strip() for name in spec.split(",")]
@@ -36,7 +36,7 @@ def stage_device_names(device=None, stages: Optional[int] = None) -> List[str]:
         raise PipelineConfigError(f"pipeline_parallel_stages must be an integer >= 1, got {stages!r}.")
     if len(names) > 1:
         if len(names) != stages:
-            raise DeviceNotFoundError(
+            raise PipelineConfigError(
                 f"pipeline_parallel_stages={stages} but the device list {spec!r} names {len(names)} devices; "
                 "give one device per stage, or drop one of the two.")
         return names
@@ -83,6 +83,8 @@ def check_split(split: Optional[Sequence[int]], stages: int, num_layers: int) ->
                          f"one layer. Use at most {num_layers} stages.")
     if split is None:
         return None
+    if isinstance(split, (str, bytes)) or not all(isinstance(n, int) and not isinstance(n, bool) for n in split):
+        raise PipelineConfigError(f"split must be a list of integer layer counts such as [15, 15], got {split!r}.")
     split = list(split)
     if stages == 1 or len(split) != stages:
         raise PipelineConfigError(f"split={split} gives {len(split)} stages for a pipeline of {stages}: give one layer "

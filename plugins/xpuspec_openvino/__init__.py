@@ -5,6 +5,7 @@ Registered as the ``openvino`` entry point in the ``xpuspec.backends`` group.
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -23,9 +24,24 @@ NPU_MIN_RESPONSE_LEN = 128
 CPU_ALIASES_ENV = "XPUSPEC_CPU_ALIASES"
 
 
+#: OpenVINO's own device and meta-device names, which an alias must not take.
+RESERVED_DEVICE_NAMES = {"cpu", "gpu", "npu", "auto", "hetero", "multi", "batch", "template"}
+
+
 def cpu_aliases() -> List[str]:
-    """The extra CPU device names from ``$XPUSPEC_CPU_ALIASES`` (lowercase)."""
-    return [a.strip().lower() for a in os.environ.get(CPU_ALIASES_ENV, "").split(",") if a.strip()]
+    """The extra CPU device names from ``$XPUSPEC_CPU_ALIASES`` (lowercase).
+
+    Raises:
+        DeviceNotFoundError: a name OpenVINO already uses, or one that is not letters, digits and ``_``.
+    """
+    raw = os.environ.get(CPU_ALIASES_ENV, "")
+    aliases = [a.strip().lower() for a in raw.split(",") if a.strip()]
+    for alias in aliases:
+        if alias in RESERVED_DEVICE_NAMES or not re.fullmatch(r"[a-z][a-z0-9_]*", alias):
+            raise DeviceNotFoundError(
+                f"{CPU_ALIASES_ENV}={raw!r}: {alias!r} cannot name a second CPU device (it is an OpenVINO device "
+                "name, or has characters other than letters, digits and _). Use a new name such as 'cpux'.")
+    return aliases
 
 
 def _kind(device: str) -> str:
