@@ -37,9 +37,9 @@ import torch.distributed as dist
 
 from xpuspec.distributed import World, init, lost_rank
 from xpuspec.errors import PipelineConfigError, PipelineError
-from xpuspec.stages import balanced_split
+from xpuspec.stages import balanced_split, check_split
 
-from .runner import TorchRunner
+from .runner import TorchRunner, parameter_bytes
 
 #: Architectures whose base model runs ``inputs_embeds`` straight into the first decoder layer (no
 #: embedding scale), so a later stage can feed its received hidden states there.
@@ -50,30 +50,20 @@ def check_plan(config, stages: int, split: Optional[Sequence[int]], world: Optio
     """Refuse a pipeline that cannot be built, before any slow work.
 
     Raises:
-        PipelineConfigError: unsupported architecture, fewer layers than stages, a ``split`` that is
-            not ``stages`` counts >= 1 summing to ``num_hidden_layers``, not started by torchrun, or
-            a torchrun world size other than ``stages``.
+        PipelineConfigError: unsupported architecture, a plan :func:`xpuspec.stages.check_split` refuses
+            (more stages than layers, a bad ``split``), not started by torchrun, or a torchrun world size
+            other than ``stages``.
     """
-    layers = config.num_hidden_layers
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise PipelineConfigError(f"The torch pipeline splits {', '.join(SUPPORTED_MODEL_TYPES)} models, not "
                                   f"{config.model_type!r}; run it in one process (no pipeline_parallel_stages).")
-    if stages > layers:
-        raise PipelineConfigError(f"{stages} pipeline stages but the model has only {layers} decoder layers; "
-                                  f"use at most {layers} stages.")
-    if split is not None and (len(split) != stages or min(split) < 1 or sum(split) != layers):
-        raise PipelineConfigError(f"split={list(split)} must give {stages} layer counts, each >= 1, summing to the "
-                                  f"model's {layers} decoder layers (e.g. {balanced_split([1] * layers, 0, 0, stages)}).")
+    check_split(split, stages, config.num_hidden_layers)
     if world is None:
         raise PipelineConfigError(f"{stages} pipeline stages need {stages} processes: run "
                                   f"`torchrun --nproc-per-node {stages} ...`.")
     if world.world_size != stages:
         raise PipelineConfigError(f"{stages} pipeline stages but torchrun started {world.world_size} processes; run "
                                   f"`torchrun --nproc-per-node {stages} ...` (one process per stage).")
-
-
-def _bytes(module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters()) if module is not None else 0
 
 
 def _keep_layers(model, first: int, end: int, is_first: bool, is_last: bool) -> None:
@@ -115,8 +105,9 @@ def load_stage(model_path, config, stages: Sequence[str], split: Optional[Sequen
     init(device)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     if split is None:
-        split = balanced_split([_bytes(layer) for layer in model.model.layers], _bytes(model.model.embed_tokens),
-                               _bytes(model.model.norm) + _bytes(model.lm_head), len(stages))
+        split = balanced_split([parameter_bytes(layer) for layer in model.model.layers],
+                               parameter_bytes(model.model.embed_tokens),
+                               parameter_bytes(model.model.norm) + parameter_bytes(model.lm_head), len(stages))
     bounds = [(sum(split[:i]), sum(split[:i + 1])) for i in range(len(split))]
     _keep_layers(model, *bounds[world.rank], world.rank == 0, world.rank == world.world_size - 1)
     return TorchPipelineRunner(model.to(device).eval(), device, world, bounds, stages)

@@ -8,6 +8,11 @@ from transformers import DynamicCache
 from xpuspec.runner import Runner
 
 
+def parameter_bytes(module) -> int:
+    """Bytes of a module's parameters (0 for ``None``)."""
+    return sum(p.numel() * p.element_size() for p in module.parameters()) if module is not None else 0
+
+
 class TorchRunner(Runner):
     """A transformers causal LM on ``cpu`` or ``xpu:N`` (batch size 1)."""
 
@@ -15,7 +20,7 @@ class TorchRunner(Runner):
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.weight_bytes = parameter_bytes(model)
         self.num_layers = model.config.num_hidden_layers
         self.cache = DynamicCache(config=model.config)
 

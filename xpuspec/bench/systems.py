@@ -326,7 +326,8 @@ class XpuspecSystem(System):
         kind, _, mode_name = self.name.partition(":")
         mode = self.MODES.get(mode_name)
         overlap = kind == "xpuspec-overlap"
-        os.environ["XPUSPEC_CPU_ALIASES"] = self.SECOND_CPU
+        if kind in ("xpuspec-overlap", "xpuspec-pp2"):  # only these need the second device (and unpinned threads)
+            os.environ["XPUSPEC_CPU_ALIASES"] = self.SECOND_CPU
         ov_config = {"KV_CACHE_PRECISION": self.setup.kv_cache_precision} if self.setup.kv_cache_precision else {}
         if overlap:
             ov_config["INFERENCE_NUM_THREADS"] = 1
