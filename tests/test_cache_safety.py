@@ -16,7 +16,7 @@ import torch
 from filelock import FileLock
 
 from xpuspec import AutoModelForCausalLM, ModelSourceError, export
-from xpuspec.cache import MANIFEST_KEY, METADATA_FILE, read_metadata
+from xpuspec.cache import MANIFEST_KEY, METADATA_FILE, atomic_folder, read_metadata
 from xpuspec.sources import resolve_source
 from xpuspec_openvino.ir import base_ir
 
@@ -154,3 +154,22 @@ def test_sigint_during_export_leaves_nothing_and_no_lock(tiny, cold_cache, tmp_p
             pass
     export(tiny, out, weight_format="int8_asym")  # the rerun succeeds
     assert (out / "openvino_model.xml").is_file() and read_metadata(out)[MANIFEST_KEY]
+
+
+def test_an_interrupt_swallowed_by_a_finaliser_still_stops_the_commit(tmp_path, capsys):
+    class SwallowsCtrlC:  # a library object whose __del__ is running when Ctrl-C lands
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+
+    final = tmp_path / "entry"
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_folder(final) as tmp:
+            (tmp / "file").write_text("complete")
+            SwallowsCtrlC()  # KeyboardInterrupt raised in __del__: Python reports it and goes on
+            (tmp / "more").write_text("still running")
+    assert list(tmp_path.iterdir()) == []
+    assert "Exception ignored" not in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with atomic_folder(final) as tmp:  # and the next build commits
+        (tmp / "file").write_text("complete")
+    assert (final / "file").read_text() == "complete"

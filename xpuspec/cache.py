@@ -13,7 +13,10 @@ import json
 import logging
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -49,29 +52,65 @@ def folder_fingerprint(folder: Path) -> str:
 
 
 @contextlib.contextmanager
+def _interrupts_recorded():
+    """Yield a list that gets an entry for every Ctrl-C (SIGINT) received inside the block.
+
+    Python raises KeyboardInterrupt where the signal lands; when that is inside a ``__del__``
+    (libraries' finalisers run during export) it is swallowed. The record lets the caller
+    refuse to commit after such a lost interrupt; its "Exception ignored" report is not printed. Only the main thread can set
+    signal handlers, and a handler other than Python's default is left alone.
+    """
+    seen = []
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield seen
+        return
+
+    def record_and_raise(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    def quiet_when_recorded(unraisable, report=sys.unraisablehook):
+        if not (seen and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            report(unraisable)
+
+    signal.signal(signal.SIGINT, record_and_raise)
+    sys.unraisablehook = quiet_when_recorded
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = quiet_when_recorded.__defaults__[0]
+
+
+@contextlib.contextmanager
 def atomic_folder(final: Path, overwrite: bool = False):
     """Yield a temporary folder beside ``final``; rename it to ``final`` if the block succeeds.
 
     On any exception (KeyboardInterrupt included) the temporary folder is removed and
-    ``final`` is untouched. With ``overwrite`` an existing ``final`` is replaced only after
-    the new content is complete.
+    ``final`` is untouched. A Ctrl-C that a library swallowed during the block still
+    counts: the folder is not committed and KeyboardInterrupt is raised. With
+    ``overwrite`` an existing ``final`` is replaced only after the new content is complete.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     tmp.chmod(0o755)
     try:
-        yield tmp
-        if final.exists() and overwrite:
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            final.rename(old)
-            tmp.rename(final)
-            if old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
+        with _interrupts_recorded() as interrupts:
+            yield tmp
+            if interrupts:
+                raise KeyboardInterrupt
+            if final.exists() and overwrite:
+                old = final.with_name(f".{final.name}.old-{os.getpid()}")
+                final.rename(old)
+                tmp.rename(final)
+                if old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    old.unlink()
             else:
-                old.unlink()
-        else:
-            tmp.rename(final)
+                tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
