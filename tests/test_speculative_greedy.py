@@ -140,3 +140,23 @@ def test_speculation_switched_off_hands_the_rest_to_the_native_engine(smollm2_pa
         assert torch.equal(model.generate(ids, max_new_tokens=48, do_sample=False), expected), prompt
         engines.append(model.last_generate_stats.extra.get("engine"))
     assert "native after speculation" in engines  # an INT4 self-draft does not pay on this CPU
+
+
+def test_paused_prompt_lookup_is_identical(smollm2_path, tokenizer, monkeypatch):
+    """With the cost model on, prompt lookup that does not pay is paused and probed again, so one-token
+    steps alternate with padded verify passes. Every probe judged a failure here (2, 4, 8 ... tokens of
+    pause); the output stays the plain greedy output, on real input-grounded prompts."""
+    from xpuspec.bench.prompts import select
+    from xpuspec.speculative.costmodel import CostModel
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                                 speculative="prompt_lookup")
+    monkeypatch.setattr(CostModel, "pays", lambda self: False)
+    for prompt in select({"edit": 2})["edit"]:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected = model.generate(ids, max_new_tokens=64, min_new_tokens=64, speculative=False)
+        got = model.generate(ids, max_new_tokens=64, min_new_tokens=64,
+                             num_assistant_tokens_schedule="heuristic")  # k grows: shorter proposals get padded
+        assert torch.equal(got, expected), prompt[:60]
+        stats = model.last_generate_stats
+        assert stats.extra["speculation_paused"] >= 4 and stats.accepted_tokens > 0, (stats.extra, stats.summary())

@@ -5,7 +5,7 @@ bad options raise, and prompt lookup finds n-grams."""
 import pytest
 import torch
 
-from xpuspec import AutoModelForCausalLM, DraftMismatchError, SpeculativeConfig
+from xpuspec import AutoModelForCausalLM, DraftMismatchError, SpeculativeConfig, SpeculativeConfigError
 from xpuspec.speculative.drafters import PromptLookupDrafter
 from xpuspec.speculative.verify import greedy_accept, rejection_sample
 
@@ -126,8 +126,12 @@ def test_bad_speculative_options(tiny_pair):
         target.generate(input_ids=ids, max_new_tokens=4, assistant_model=draft, num_beams=2)
     with pytest.raises(TypeError, match="must be an xpuspec model"):
         target.generate(input_ids=ids, max_new_tokens=4, assistant_model=draft.runner)
-    with pytest.raises(ValueError, match="Unknown speculative mode"):
+    with pytest.raises(SpeculativeConfigError, match="Unknown speculative mode"):
         SpeculativeConfig(mode="medusa")
+    with pytest.raises(SpeculativeConfigError, match="min_matching_ngram_size <= max_matching_ngram_size, got 3 and 2"):
+        SpeculativeConfig(mode="prompt_lookup", max_matching_ngram_size=2, min_matching_ngram_size=3)
+    with pytest.raises(SpeculativeConfigError, match="num_assistant_tokens_schedule must be 'heuristic' or 'constant'"):
+        SpeculativeConfig(num_assistant_tokens_schedule="dynamic")
 
 
 def test_prompt_lookup_finds_the_latest_longest_match():
@@ -152,3 +156,50 @@ def test_speculation_memory_skips_after_two_failures_and_backs_off():
     assert all(b - a - 1 <= MAX_SKIPPED for a, b in zip(probes, probes[1:]))
     memory.record(key, switched_off=False)  # a probe where speculation paid resets the count
     assert memory.should_speculate(key) and memory.should_speculate(("other", 2))
+
+
+def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
+    from xpuspec.speculative.costmodel import FIRST_PAUSE_TOKENS, MAX_PAUSE_TOKENS, WINDOW_ROUNDS, CostModel
+
+    model = CostModel(enabled=True, costless=False)
+    assert model.measuring()
+    model.record(0.012, 1, 0, speculative=False)  # the first plain step pays the new input length
+    model.record(0.010, 1, 0, speculative=False)
+    assert not model.measuring()
+    for _ in range(WINDOW_ROUNDS - 1):  # 2 tokens per 0.025 s round: slower than 1 per 0.010 s
+        model.record(0.025, 2, 4, speculative=True)
+        assert model.keep_speculating(produced=10)  # not judged before a full window
+    model.record(0.025, 2, 4, speculative=True)
+    assert not model.keep_speculating(produced=10)
+
+    fast = CostModel(enabled=True, costless=False)
+    fast.record(0.010, 1, 0, speculative=False)
+    fast.record(0.060, 1, 4, speculative=True)  # even a full accept, 5 tokens in 6 steps' time, cannot pay
+    assert not fast.keep_speculating(produced=3)  # off after one round
+
+    lookup = CostModel(enabled=True, costless=True)
+    lookup.record(0.010, 1, 0, speculative=False)
+    pauses, produced = [], 0
+    for _ in range(7):  # every probe fails on its first round: 2, 4, 8, ... tokens of pause, at most 32
+        lookup.record(0.020, 1, 4, speculative=True)
+        assert lookup.keep_speculating(produced)  # a costless drafter is never switched off
+        pauses.append(lookup.resume_at - produced)
+        assert lookup.paused(produced) and lookup.paused(lookup.resume_at - 1) and not lookup.paused(lookup.resume_at)
+        produced = lookup.resume_at
+    assert pauses == [FIRST_PAUSE_TOKENS * 2 ** i for i in range(5)] + [MAX_PAUSE_TOKENS] * 2
+    for _ in range(WINDOW_ROUNDS):  # a probe in a copying stretch: 5 tokens per 0.020 s round pays
+        lookup.record(0.020, 5, 4, speculative=True)
+        assert lookup.keep_speculating(produced) and not lookup.paused(produced)
+    assert lookup.pause == 0 and lookup.pauses == 7  # the next failure pauses for 2 tokens again
+
+    off = CostModel(enabled=False, costless=False)
+    assert not off.measuring()
+    off.record(1.0, 1, 4, speculative=True)
+    assert off.keep_speculating(0)
+
+
+def test_prompt_lookup_minimum_ngram():
+    lookup = PromptLookupDrafter(max_matching_ngram_size=3, min_matching_ngram_size=2)
+    assert lookup.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]
+    assert lookup.lookup([5, 6, 7, 8, 5], 2) == []  # only a 1-gram matches
+    assert PromptLookupDrafter(3, 1).lookup([5, 6, 7, 8, 5], 2) == [6, 7]

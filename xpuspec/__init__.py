@@ -22,6 +22,7 @@ from .errors import (
     PipelineError,
     PromptTooLongError,
     PullError,
+    SpeculativeConfigError,
     UnsupportedArchitectureError,
     XpuspecError,
 )
@@ -40,7 +41,7 @@ __all__ = [
     "BUILTIN_MODELS", "pull", "export", "evaluate", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
-    "PipelineConfigError", "PipelineError", "SpeculativeConfig",
+    "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError",
 ]
 
 

@@ -6,20 +6,17 @@ speculation switched off) the round has no drafts and is a plain decode step. Af
 partial accept the target's KV cache is rolled back past the rejected drafts.
 
 Adaptive draft length: the heuristic schedule (+2 after a full accept, -1 otherwise, as in
-transformers) and a cost model that turns speculation off for the rest of the request. With
-T1 the time of a plain step, and k*H + T_k the measured time of a speculative round (k drafts
-at H each, one k-token verify), the speed-up is tau * T1 / (k*H + T_k) for tau tokens gained per
-round. T1 is timed on the first plain steps of each request. Speculation stops after its first
-round if even a full accept (tau = k + 1) cannot pay, and after a few rounds if the measured tau
-does not.
+transformers; prompt lookup keeps a constant length, as transformers' does) and a cost model
+(:mod:`xpuspec.speculative.costmodel`) that switches a draft model off for the rest of the request,
+or pauses prompt lookup, when speculation measures slower than plain decoding.
 
 Plain greedy decoding without scores, logits or processors other than the length rules runs in the
 target's native engine where it has one (:meth:`Runner.native_greedy`; openvino_genai's C++ loop on
 OpenVINO), which gives the same tokens with less per-step overhead.
 
 On a target that prefers a fixed verify width (OpenVINO, where a new input length costs 8-14 ms),
-every speculative round feeds the widest verify input seen so far, padded with a repeated token
-whose KV slots are rolled back at once; a round without drafts then counts as a speculative round.
+every round with drafts feeds the widest verify input seen so far, padded with a repeated token
+whose KV slots are rolled back at once; a round without drafts is a plain one-token step.
 """
 
 import time
@@ -29,32 +26,12 @@ from typing import List, Optional
 import torch
 from transformers import GenerationConfig
 
+from .errors import SpeculativeConfigError
 from .generation import GenerationStats, eos_ids, logits_processor, max_new_tokens
 from .runner import Runner
+from .speculative.costmodel import CostModel
 from .speculative.drafters import Drafter
 from .speculative.verify import greedy_accept, rejection_sample
-
-#: Speculative rounds measured before the cost model judges the measured acceptance.
-COST_MODEL_WARMUP_ROUNDS = 3
-#: Plain decode steps timed first, so the cost model knows T1; the fastest counts (the first
-#: step after prefill pays the change of input length).
-PLAIN_WARMUP_ROUNDS = 2
-
-
-def speculation_pays(plain_step_s: float, spec_rounds: int, spec_s: float, spec_tokens: int,
-                     drafted: int) -> bool:
-    """The cost model: False when speculation measures slower than plain decoding.
-
-    Args:
-        plain_step_s: seconds of a plain decode step (T1).
-        spec_rounds, spec_s, spec_tokens, drafted: speculative rounds so far, their seconds
-            (drafting and verifying), the tokens they produced, and the tokens they drafted.
-    """
-    per_round = spec_s / spec_rounds
-    best_case = (drafted / spec_rounds + 1) * plain_step_s / per_round
-    measured = spec_tokens * plain_step_s / spec_s
-    return best_case >= 1.0 and (spec_rounds < COST_MODEL_WARMUP_ROUNDS or measured >= 1.0)
-
 
 @dataclass
 class DraftSchedule:
@@ -74,11 +51,11 @@ class DraftSchedule:
 
     def __post_init__(self):
         if self.num_assistant_tokens < 1:
-            raise ValueError(f"num_assistant_tokens must be >= 1, got {self.num_assistant_tokens}.")
+            raise SpeculativeConfigError(f"num_assistant_tokens must be >= 1, got {self.num_assistant_tokens}.")
         if self.schedule not in ("heuristic", "constant"):
-            raise ValueError(f"num_assistant_tokens_schedule must be 'heuristic' or 'constant', got {self.schedule!r}.")
+            raise SpeculativeConfigError(f"num_assistant_tokens_schedule must be 'heuristic' or 'constant', got {self.schedule!r}.")
         if not 0.0 <= self.confidence_threshold < 1.0:
-            raise ValueError(f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
+            raise SpeculativeConfigError(f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
 
     def next_k(self, k: int, drafted: int, accepted: int) -> int:
         if self.schedule == "constant" or drafted == 0:
@@ -114,6 +91,9 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
         return processors(torch.tensor([prefix]), logits)
 
+    if _native_greedy_applies(config, processors):
+        score = _length_rule_score(config, len(prompt))
+
     target.reset()
     if drafter is not None:
         drafter.start(list(prompt), score, bool(config.do_sample), schedule.confidence_threshold)
@@ -137,6 +117,23 @@ def _native_greedy_applies(config: GenerationConfig, processors) -> bool:
 
 def _min_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
     return max(config.min_new_tokens or 0, (config.min_length or 0) - prompt_len, 0)
+
+
+def _length_rule_score(config: GenerationConfig, prompt_len: int):
+    """The scores of greedy decoding whose only processors are the length rules: EOS at -inf below the
+    minimum length, as transformers' ``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``
+    do, without their per-step tensor work (a vocabulary-wide ``isin``, about 0.4 ms a step)."""
+    minimum = prompt_len + _min_new_tokens(config, prompt_len)
+    eos = eos_ids(config)
+
+    def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
+        if len(prefix) >= minimum or not eos:
+            return logits
+        masked = logits.clone()
+        masked[:, eos] = float("-inf")
+        return masked
+
+    return score
 
 
 def _run_native(target: Runner, context: List[int], limit: int, min_new: int, config: GenerationConfig, streamer):
@@ -170,15 +167,15 @@ def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, 
 def _loop(target, prompt, config, streamer, drafter, schedule, score, start, native):
     """The decode loop; ``native``: once the cost model switches speculation off, the target's native
     greedy engine (if any) decodes the rest of the request."""
-    cost_model = schedule.cost_model and not target.lockstep  # timings differ between a pipeline's ranks
+    cost = CostModel(schedule.cost_model and not target.lockstep,  # timings differ between a pipeline's ranks
+                     costless=drafter is not None and drafter.costless)
     stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
     stats = GenerationStats(prompt_tokens=len(prompt))
     context, new, scores, raw = list(prompt), [], [], []
-    plain_s, spec_s, spec_tokens, spec_rounds, round_s = [], 0.0, 0, 0, 0.0
     k, active, first = schedule.num_assistant_tokens, drafter is not None, None
     pad_to = 0  # the widest verify pass so far, when the target prefers a fixed width
     t0 = time.perf_counter()
-    rows, drafts, draft_probs, speculative_round = target.forward(prompt, logits_to_keep=1), [], None, False
+    rows, drafts, draft_probs, round_s = target.forward(prompt, logits_to_keep=1), [], None, None
     stats.prefill_s = time.perf_counter() - t0
     stats.target_forwards = 1
     while limit > 0:
@@ -187,8 +184,6 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
             n, token = rejection_sample(drafts, draft_probs, torch.softmax(scored, dim=-1))
         else:
             n, token = greedy_accept(drafts, scored)
-        if speculative_round:
-            spec_rounds, spec_s, spec_tokens = spec_rounds + 1, spec_s + round_s, spec_tokens + n + 1
         target.rollback(len(drafts) - n)
         stats.drafted_tokens += len(drafts)
         stats.accepted_tokens += n
@@ -209,8 +204,9 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         if done:
             break
         k = schedule.next_k(k, len(drafts), n)
-        if active and cost_model and spec_rounds and not speculation_pays(
-                min(plain_s), spec_rounds, spec_s, spec_tokens, stats.drafted_tokens):
+        if round_s is not None:
+            cost.record(round_s, n + 1, len(drafts), speculative=bool(drafts))
+        if active and drafts and not cost.keep_speculating(len(new)):
             active = False
             stats.extra["speculation_off_after_tokens"] = len(new)
             t0 = time.perf_counter()
@@ -222,15 +218,15 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
                 stats.verify_s += time.perf_counter() - t0
                 stats.extra["engine"] = "native after speculation"
                 break
-        measuring = cost_model and len(plain_s) < PLAIN_WARMUP_ROUNDS
-        width = min(k, limit - len(new) - 1) if active and not measuring else 0
+        drafting = active and not cost.measuring() and not cost.paused(len(new))
+        width = min(k, limit - len(new) - 1) if drafting else 0
         t0 = time.perf_counter()
         drafts, draft_probs = (drafter.propose(context, width, score, sample, schedule.confidence_threshold)
                                if width > 0 else ([], None))
         t1 = time.perf_counter()
         verify = [context[-1]] + drafts
         padding = 0
-        if target.fixed_verify_width and active and not measuring:  # one input length for all speculative rounds
+        if target.fixed_verify_width and drafts:  # one input length for all rounds with drafts
             pad_to = max(pad_to, len(verify))
             padding = pad_to - len(verify)
         rows = target.forward(verify + [verify[-1]] * padding)[:len(verify)]
@@ -240,13 +236,12 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         round_s = t2 - t0
-        speculative_round = bool(drafts or padding)
-        if not speculative_round:
-            plain_s.append(round_s)
     end = time.perf_counter()
     busy = drafter.busy_s if drafter is not None else None
     stats.draft_busy_s = stats.draft_s if busy is None else busy
     stats.new_tokens = len(new)
     stats.ttft_s = (first or end) - start
     stats.decode_s = end - (first or end)
+    if cost.pauses:
+        stats.extra["speculation_paused"] = cost.pauses
     return new, scores, raw, stats

@@ -54,6 +54,11 @@ class GenerationConfigError(XpuspecError, ValueError):
     """A generation argument has an invalid value (``max_new_tokens < 1``, sampling at temperature 0, ...)."""
 
 
+class SpeculativeConfigError(XpuspecError, ValueError):
+    """Speculative-decoding settings that cannot work together: an unknown mode, a draft length below 1,
+    n-gram sizes out of order, draft settings for prompt lookup, overlap without a draft model."""
+
+
 class UnsupportedArchitectureError(XpuspecError, ValueError):
     """The model's architecture cannot be exported to OpenVINO IR by the installed optimum-intel."""
 

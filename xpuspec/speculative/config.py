@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from ..errors import LowBitConfigError
+from ..decode import DraftSchedule
+from ..errors import LowBitConfigError, SpeculativeConfigError
 
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
 #: Draft format of self-speculation: a low-bit copy of the target.
@@ -32,10 +33,13 @@ class SpeculativeConfig:
         skip_layers: decoder layers the layer-skip draft leaves out (default: chosen by calibration).
         draft_device: device of the draft (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
         num_assistant_tokens: initial draft length k per round.
-        num_assistant_tokens_schedule: ``"heuristic"`` or ``"constant"``.
+        num_assistant_tokens_schedule: ``"heuristic"`` or ``"constant"``; default ``"constant"`` for
+            prompt lookup alone (as transformers' ``prompt_lookup_num_tokens``), else ``"heuristic"``.
         assistant_confidence_threshold: stop drafting below this draft top probability (0: off).
         prompt_lookup_num_tokens: draft length of prompt lookup (default: num_assistant_tokens).
-        max_matching_ngram_size: longest n-gram prompt lookup matches.
+        max_matching_ngram_size: longest n-gram prompt lookup matches (default 3, openvino_genai's).
+        min_matching_ngram_size: shortest n-gram prompt lookup matches (default 2, as vLLM's
+            ``prompt_lookup_min``; 1 proposes after any repeated token, which rarely pays).
         cost_model: switch speculation off for the rest of a request when it measures slower.
         overlap: draft the next block while the target verifies this one (PEARL; see
             :mod:`xpuspec.speculative.overlap`). ``None``: on when the draft model runs on a device
@@ -48,26 +52,31 @@ class SpeculativeConfig:
     draft_device: Optional[str] = None
     skip_layers: Optional[Tuple[int, ...]] = None
     num_assistant_tokens: int = 4
-    num_assistant_tokens_schedule: str = "heuristic"
+    num_assistant_tokens_schedule: Optional[str] = None
     assistant_confidence_threshold: float = 0.0
     prompt_lookup_num_tokens: Optional[int] = None
-    max_matching_ngram_size: int = 2
+    max_matching_ngram_size: int = 3
+    min_matching_ngram_size: int = 2
     cost_model: bool = True
     overlap: Optional[bool] = None
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"Unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}.")
+            raise SpeculativeConfigError(f"Unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}.")
         if self.mode == "draft" and not self.draft:
-            raise ValueError("mode='draft' needs draft= (a draft model path or name).")
-        if self.num_assistant_tokens < 1:
-            raise ValueError(f"num_assistant_tokens must be >= 1, got {self.num_assistant_tokens}.")
+            raise SpeculativeConfigError("mode='draft' needs draft= (a draft model path or name).")
+        DraftSchedule(self.num_assistant_tokens, self.num_assistant_tokens_schedule or "heuristic",
+                      self.assistant_confidence_threshold)  # raises on a bad length, schedule or threshold
+        if not 1 <= self.min_matching_ngram_size <= self.max_matching_ngram_size:
+            raise SpeculativeConfigError(
+                f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got {self.min_matching_ngram_size} "
+                f"and {self.max_matching_ngram_size}.")
         if self.skip_layers is not None and self.mode != "layer_skip":
-            raise ValueError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
+            raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
             raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
         if self.mode == "prompt_lookup" and self.overlap:
-            raise ValueError("overlap=True needs a draft model; prompt lookup drafts in microseconds and has "
+            raise SpeculativeConfigError("overlap=True needs a draft model; prompt lookup drafts in microseconds and has "
                              "nothing to overlap. Drop overlap= or pick mode 'self', 'layer_skip', 'hybrid' or 'draft'.")
 
     @property
@@ -83,12 +92,12 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
     """Turn ``from_pretrained``'s ``speculative=`` (and ``draft_low_bit=``, ``draft_device=``) into a config.
 
     Raises:
-        ValueError: an unknown mode, or draft settings without speculation.
+        SpeculativeConfigError: an unknown mode, or draft settings without speculation.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if speculative is None or speculative is False:
         if overrides:
-            raise ValueError(f"{', '.join(sorted(overrides))} given without speculative=; add speculative=True.")
+            raise SpeculativeConfigError(f"{', '.join(sorted(overrides))} given without speculative=; add speculative=True.")
         return None
     if isinstance(speculative, SpeculativeConfig):
         return replace(speculative, **overrides)
@@ -98,5 +107,5 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
         return SpeculativeConfig(mode=speculative, **overrides)
     if isinstance(speculative, (str, os.PathLike)):
         return SpeculativeConfig(mode="draft", draft=str(speculative), **overrides)
-    raise ValueError(f"speculative= takes True, 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft path or a "
+    raise SpeculativeConfigError(f"speculative= takes True, 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft path or a "
                      f"SpeculativeConfig, not {speculative!r}.")

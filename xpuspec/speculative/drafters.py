@@ -13,6 +13,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from ..errors import SpeculativeConfigError
 from ..runner import Runner
 
 Score = Callable[[List[int], torch.Tensor], torch.Tensor]
@@ -23,6 +24,9 @@ class Drafter(ABC):
 
     #: True when proposals are sampled from a distribution (``probs`` returned).
     stochastic: bool = False
+    #: True when proposing costs nothing next to a target step (no model runs): the cost model then
+    #: pauses speculation that does not pay instead of switching it off.
+    costless: bool = False
 
     @property
     def busy_s(self) -> Optional[float]:
@@ -62,13 +66,17 @@ class PromptLookupDrafter(Drafter):
     """n-gram prompt lookup (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
 
     Finds the most recent earlier occurrence of the context's last n tokens, for n from
-    ``max_matching_ngram_size`` down to 1, and proposes the tokens that followed it. Needs no model.
+    ``max_matching_ngram_size`` down to ``min_matching_ngram_size`` (vLLM's ``prompt_lookup_min``),
+    and proposes the tokens that followed it. Needs no model.
     """
 
-    def __init__(self, max_matching_ngram_size: int = 2):
-        if max_matching_ngram_size < 1:
-            raise ValueError(f"max_matching_ngram_size must be >= 1, got {max_matching_ngram_size}.")
-        self.max_ngram = max_matching_ngram_size
+    costless = True
+
+    def __init__(self, max_matching_ngram_size: int = 2, min_matching_ngram_size: int = 1):
+        if not 1 <= min_matching_ngram_size <= max_matching_ngram_size:
+            raise SpeculativeConfigError(f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got "
+                             f"{min_matching_ngram_size} and {max_matching_ngram_size}.")
+        self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
 
     def propose(self, context, k, score, sample, threshold=0.0):
         return self.lookup(context, k), None
@@ -76,7 +84,7 @@ class PromptLookupDrafter(Drafter):
     def lookup(self, context: List[int], k: int) -> List[int]:
         """The continuation of the latest earlier match of the longest matching suffix n-gram, or []."""
         length = len(context)
-        for n in range(min(self.max_ngram, length - 1), 0, -1):
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             suffix = context[-n:]
             for start in range(length - n - 1, -1, -1):
                 if context[start:start + n] == suffix:

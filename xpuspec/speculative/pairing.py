@@ -57,18 +57,19 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
 
     Raises:
         DraftMismatchError: the assistant's vocabulary differs from the target's.
-        ValueError: an invalid draft length, schedule or threshold.
+        SpeculativeConfigError: an invalid draft length, schedule or threshold.
     """
     base = spec or SpeculativeConfig()
     lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode == "prompt_lookup" else None
+    drafter = _drafter(target, spec, assistant_model, prompt_lookup_num_tokens) if enabled else None
     schedule = DraftSchedule(
         num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
                                     base.num_assistant_tokens),
-        schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule),
+        schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule,
+                        "constant" if isinstance(drafter, PromptLookupDrafter) else "heuristic"),
         confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
         cost_model=base.cost_model,
     )
-    drafter = _drafter(target, spec, assistant_model, prompt_lookup_num_tokens) if enabled else None
     return drafter, schedule
 
 
@@ -77,21 +78,23 @@ def _first(*values):
 
 
 def _drafter(target, spec, assistant_model, prompt_lookup_num_tokens):
-    ngram = spec.max_matching_ngram_size if spec else 2
+    base = spec or SpeculativeConfig()
+
+    def lookup():
+        return PromptLookupDrafter(base.max_matching_ngram_size, base.min_matching_ngram_size)
+
     if assistant_model is not None:
         check_draft(target, assistant_model)
         model = _model_drafter(target, assistant_model, spec)
-        if prompt_lookup_num_tokens:
-            return HybridDrafter(PromptLookupDrafter(ngram), model)
-        return model
+        return HybridDrafter(lookup(), model) if prompt_lookup_num_tokens else model
     if prompt_lookup_num_tokens:
-        return PromptLookupDrafter(ngram)
+        return lookup()
     if spec is None:
         return None
     if spec.mode == "prompt_lookup":
-        return PromptLookupDrafter(ngram)
+        return lookup()
     model = _model_drafter(target, target.draft_model, spec)
-    return HybridDrafter(PromptLookupDrafter(ngram), model) if spec.mode == "hybrid" else model
+    return HybridDrafter(lookup(), model) if spec.mode == "hybrid" else model
 
 
 def _model_drafter(target, draft, spec):

@@ -1,0 +1,90 @@
+"""The cost model: whether speculation pays against plain decoding, measured while a request runs.
+
+With T1 the time of a plain decode step and k*H + T_k the measured time of a speculative round (k
+drafts at H each, one verify pass of k + 1 tokens), a round that yields tau tokens is worth
+tau * T1 / (k*H + T_k) plain steps per step's time. T1 is the fastest of the request's first
+:data:`PLAIN_WARMUP_ROUNDS` plain steps (the first step after prefill pays the change of input
+length). Rounds are judged over the last :data:`WINDOW_ROUNDS` speculative rounds: speculation
+cannot pay when even a full accept (tau = k + 1) would not, and does not pay once a full window
+measured fewer tokens than plain steps would have given in the same time.
+
+What happens then depends on the drafter. A model drafter is switched off for the rest of the
+request (its probe cost a draft prefill and k draft steps; the decode loop may hand the rest to
+the target's native engine). A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new
+tokens and then probed again, judged on its first round: a probe costs one verify pass, and
+whether the output copies its input changes within a request (an edit copies most of the source
+and then writes the one change).
+"""
+
+from collections import deque
+from typing import List
+
+#: Plain decode steps timed first, so that T1 is known before any speculative round.
+PLAIN_WARMUP_ROUNDS = 2
+#: Speculative rounds the measured acceptance is judged over (a sliding window).
+WINDOW_ROUNDS = 3
+#: Tokens a costless drafter is paused for after its first failing probe; doubled per failure.
+FIRST_PAUSE_TOKENS = 2
+MAX_PAUSE_TOKENS = 32
+
+
+class CostModel:
+    """Per request: times plain steps and speculative rounds, and says when to draft.
+
+    Args:
+        enabled: ``False`` drafts every round (``SpeculativeConfig(cost_model=False)``).
+        costless: the drafter costs nothing to run (prompt lookup): pause and probe again instead of
+            switching speculation off.
+    """
+
+    def __init__(self, enabled: bool, costless: bool):
+        self.enabled, self.costless = enabled, costless
+        self.plain_s: List[float] = []
+        self.window = deque(maxlen=WINDOW_ROUNDS)  # (seconds, tokens, drafted) of speculative rounds
+        self.pause = 0
+        self.resume_at = 0
+        self.pauses = 0  # how often a costless drafter was paused
+
+    def measuring(self) -> bool:
+        """True while the first plain steps are timed (no drafting yet)."""
+        return self.enabled and len(self.plain_s) < PLAIN_WARMUP_ROUNDS
+
+    def paused(self, produced: int) -> bool:
+        """True while a paused costless drafter waits; ``produced``: new tokens so far."""
+        return produced < self.resume_at
+
+    def record(self, seconds: float, tokens: int, drafted: int, speculative: bool) -> None:
+        """Note a round: its seconds (drafting and verifying), the tokens it produced, the tokens drafted."""
+        if speculative:
+            self.window.append((seconds, tokens, drafted))
+        else:
+            self.plain_s.append(seconds)
+
+    def pays(self) -> bool:
+        """Whether the speculative rounds in the window pay, on their own measurements."""
+        plain = min(self.plain_s)
+        rounds = len(self.window)
+        seconds = sum(r[0] for r in self.window)
+        tokens = sum(r[1] for r in self.window)
+        drafted = sum(r[2] for r in self.window)
+        best_case = (drafted / rounds + 1) * plain * rounds / seconds
+        measured = tokens * plain / seconds
+        judged = rounds >= (1 if self.costless else WINDOW_ROUNDS)
+        return best_case >= 1.0 and (not judged or measured >= 1.0)
+
+    def keep_speculating(self, produced: int) -> bool:
+        """Call after each speculative round. ``False``: switch speculation off for the rest of the
+        request. A costless drafter is paused instead (and ``True`` returned)."""
+        if not self.enabled or not self.plain_s or not self.window:
+            return True
+        if self.pays():
+            if len(self.window) == WINDOW_ROUNDS:
+                self.pause = 0
+            return True
+        if not self.costless:
+            return False
+        self.pause = min(2 * self.pause, MAX_PAUSE_TOKENS) if self.pause else FIRST_PAUSE_TOKENS
+        self.resume_at = produced + self.pause
+        self.pauses += 1
+        self.window.clear()
+        return True
