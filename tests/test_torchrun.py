@@ -18,7 +18,7 @@ import torch
 from conftest import MODEL
 from tiny import tiny_model
 
-from xpuspec import AutoModelForCausalLM, AutoTokenizer, PipelineConfigError, SpeculativeConfig
+from xpuspec import AutoModelForCausalLM, AutoTokenizer, LowBitConfigError, PipelineConfigError, SpeculativeConfig
 from xpuspec.distributed import TIMEOUT_ENV, timeout_s
 from xpuspec.stages import balanced_split
 
@@ -141,6 +141,20 @@ def test_model_drafts_and_other_backends_refused(tiny, monkeypatch):
         AutoModelForCausalLM.from_pretrained(tiny, pipeline_parallel_stages=2, speculative=SpeculativeConfig())
     with pytest.raises(PipelineConfigError, match="runs on the torch backend, not 'openvino'"):
         AutoModelForCausalLM.from_pretrained(tiny, backend="openvino", pipeline_parallel_stages=2)
+
+
+def test_torchrun_without_stages_and_low_bit_pipelines_refused(tiny, monkeypatch, capsys):
+    from xpuspec.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["generate", "--model", str(tiny), "--max-new-tokens", "2", "w1"]) == 2
+    assert ("Started by torchrun with 2 processes but without --pipeline-parallel-stages: every process would run "
+            "the whole model. Add --pipeline-parallel-stages 2 --backend torch") in capsys.readouterr().err
+    with pytest.raises(LowBitConfigError, match=r"A torchrun pipeline runs fp32 or fp16 weights only, not int8_asym: "
+                                                r"pass load_in_low_bit=None .* without torchrun on the OpenVINO backend"):
+        AutoModelForCausalLM.from_pretrained(tiny, backend="torch", pipeline_parallel_stages=2, load_in_low_bit="int8_asym")
+    assert not torch.distributed.is_initialized()
 
 
 def test_balanced_split_by_weight_bytes():

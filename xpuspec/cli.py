@@ -37,6 +37,8 @@ def _generate(args) -> int:
         raise ValueError("The prompt is empty; give some text to continue.")
     if args.speculative is None and (args.draft_low_bit or args.draft_device or args.num_assistant_tokens is not None):
         raise ValueError("--draft-low-bit, --draft-device and --num-assistant-tokens need --speculative MODE.")
+    if not args.pipeline_parallel_stages:
+        _refuse_torchrun_without_stages()
     main_rank = _quiet_unless_rank_0() if args.pipeline_parallel_stages else True
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(
@@ -71,6 +73,24 @@ def _print_device_map(role: str, model) -> None:
         runs = f", runs on {'/'.join(stage['execution_devices'])}" if "execution_devices" in stage else ""
         print(f"# stage {stage['stage']}{rank} ({stage['device']}): layers {first}..{end - 1}, "
               f"{stage['weight_bytes'] / 2**20:.1f} MiB{runs}", file=sys.stderr)
+
+
+def _refuse_torchrun_without_stages() -> None:
+    """Under torchrun with several processes, a run without pipeline stages would load and run the whole
+    model in every process, with their outputs interleaved: refuse it.
+
+    Raises:
+        PipelineConfigError: started by torchrun with WORLD_SIZE > 1.
+    """
+    from .distributed import torchrun_world
+    from .errors import PipelineConfigError
+
+    world = torchrun_world()
+    if world is not None:
+        raise PipelineConfigError(
+            f"Started by torchrun with {world.world_size} processes but without --pipeline-parallel-stages: every "
+            f"process would run the whole model. Add --pipeline-parallel-stages {world.world_size} --backend torch "
+            "to split the layers over the processes, or run `python -m xpuspec generate ...` without torchrun.")
 
 
 def _quiet_unless_rank_0() -> bool:
