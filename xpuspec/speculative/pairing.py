@@ -64,7 +64,7 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
     drafter = _drafter(target, spec, assistant_model, prompt_lookup_num_tokens) if enabled else None
     schedule = DraftSchedule(
         num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
-                                    base.num_assistant_tokens),
+                                    base.draft_length),
         schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule,
                         "constant" if isinstance(drafter, PromptLookupDrafter) else "heuristic"),
         confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
