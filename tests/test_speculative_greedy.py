@@ -160,3 +160,23 @@ def test_paused_prompt_lookup_is_identical(smollm2_path, tokenizer, monkeypatch)
         assert torch.equal(got, expected), prompt[:60]
         stats = model.last_generate_stats
         assert stats.extra["speculation_paused"] >= 4 and stats.accepted_tokens > 0, (stats.extra, stats.summary())
+
+
+def test_hybrid_drops_its_draft_model_and_goes_on_with_prompt_lookup(smollm2_path, tokenizer, monkeypatch):
+    """Where the cost model finds the draft model slower (forced here), a hybrid stops the draft model and
+    keeps prompt lookup (paused and probed); after two such requests the next skips the draft model but
+    still looks up. Output identical to plain greedy throughout."""
+    from xpuspec.bench.prompts import select
+    from xpuspec.speculative.costmodel import CostModel
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative="hybrid")
+    monkeypatch.setattr(CostModel, "pays", lambda self: self.costless)  # the model never pays, lookup always
+    ids = tokenizer(select({"edit": 1})["edit"][0], return_tensors="pt").input_ids
+    expected = model.generate(ids, max_new_tokens=48, min_new_tokens=48, speculative=False)
+    extras = []
+    for _ in range(3):
+        assert torch.equal(model.generate(ids, max_new_tokens=48, min_new_tokens=48), expected)
+        extras.append(model.last_generate_stats.extra)
+        assert model.last_generate_stats.accepted_tokens > 10  # lookup copies from the function's source
+    assert "draft_model_off_after_tokens" in extras[0] and "draft_model_off_after_tokens" in extras[1]
+    assert "speculation_skipped" in extras[2] and "draft_model_off_after_tokens" not in extras[2]

@@ -173,6 +173,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     stats = GenerationStats(prompt_tokens=len(prompt))
     context, new, scores, raw = list(prompt), [], [], []
     k, active, first = schedule.num_assistant_tokens, drafter is not None, None
+    proposer = drafter  # what drafts: the drafter, or a hybrid's prompt lookup once its draft model is dropped
     pad_to = 0  # the widest verify pass so far, when the target prefers a fixed width
     t0 = time.perf_counter()
     rows, drafts, draft_probs, round_s = target.forward(prompt, logits_to_keep=1), [], None, None
@@ -207,21 +208,29 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         if round_s is not None:
             cost.record(round_s, n + 1, len(drafts), speculative=bool(drafts))
         if active and drafts and not cost.keep_speculating(len(new)):
-            active = False
-            stats.extra["speculation_off_after_tokens"] = len(new)
-            t0 = time.perf_counter()
-            rest = _run_native(target, context, limit - len(new),
-                               max(0, _min_new_tokens(config, len(prompt)) - len(new)), config, streamer) if native else None
-            if rest is not None:
-                new += rest[0]
-                stats.target_forwards += len(rest[0])
-                stats.verify_s += time.perf_counter() - t0
-                stats.extra["engine"] = "native after speculation"
-                break
+            fallback = proposer.costless_part()
+            if fallback is not None:  # a hybrid drops its draft model and goes on with prompt lookup
+                drafter.stop()
+                proposer, k = fallback, schedule.num_assistant_tokens
+                cost.become_costless()
+                stats.extra["draft_model_off_after_tokens"] = len(new)
+            else:
+                active = False
+                stats.extra["speculation_off_after_tokens"] = len(new)
+                t0 = time.perf_counter()
+                rest = _run_native(target, context, limit - len(new),
+                                   max(0, _min_new_tokens(config, len(prompt)) - len(new)), config, streamer) \
+                    if native else None
+                if rest is not None:
+                    new += rest[0]
+                    stats.target_forwards += len(rest[0])
+                    stats.verify_s += time.perf_counter() - t0
+                    stats.extra["engine"] = "native after speculation"
+                    break
         drafting = active and not cost.measuring() and not cost.paused(len(new))
         width = min(k, limit - len(new) - 1) if drafting else 0
         t0 = time.perf_counter()
-        drafts, draft_probs = (drafter.propose(context, width, score, sample, schedule.confidence_threshold)
+        drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold)
                                if width > 0 else ([], None))
         t1 = time.perf_counter()
         verify = [context[-1]] + drafts

@@ -110,9 +110,10 @@ class XpuspecModelForCausalLM:
         If the prompt plus ``max_new_tokens`` passes the model's context, generation stops at the
         context (fewer new tokens) and one warning is logged.
 
-        With the cost model on (the default), speculation that measured slower than plain decoding on the
-        last two requests is skipped on the next ones, and probed again after 1, 2, 4, ... (at most 16)
-        skipped requests (:mod:`xpuspec.speculative.memory`; ``last_generate_stats.extra`` says so).
+        With the cost model on (the default), a draft model that measured slower than plain decoding on the
+        last two requests is skipped on the next ones (a hybrid keeps its prompt lookup), and probed again
+        after 1, 2, 4, ... (at most 16) skipped requests (:mod:`xpuspec.speculative.memory`;
+        ``last_generate_stats.extra`` says so).
 
         Raises:
             InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,
@@ -146,11 +147,12 @@ class XpuspecModelForCausalLM:
         remembered = drafter is not None and schedule.cost_model
         skipped = remembered and not self._speculation_memory.should_speculate(memory_key)
         new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer,
-                                         None if skipped else drafter, schedule)
+                                         drafter.costless_part() if skipped else drafter, schedule)
         if skipped:
-            stats.extra["speculation_skipped"] = "the cost model switched it off on the last requests"
+            stats.extra["speculation_skipped"] = "the cost model switched the draft model off on the last requests"
         elif remembered:
-            self._speculation_memory.record(memory_key, "speculation_off_after_tokens" in stats.extra)
+            self._speculation_memory.record(memory_key, bool({"speculation_off_after_tokens",
+                                                              "draft_model_off_after_tokens"} & set(stats.extra)))
         if streamer is not None:
             streamer.end()
         self.last_generate_stats = stats

@@ -10,7 +10,7 @@ measured fewer tokens than plain steps would have given in the same time.
 
 What happens then depends on the drafter. A model drafter is switched off for the rest of the
 request (its probe cost a draft prefill and k draft steps; the decode loop may hand the rest to
-the target's native engine). A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new
+the target's native engine); a hybrid keeps its prompt lookup, which goes on as a costless drafter. A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new
 tokens and then probed again, judged on its first round: a probe costs one verify pass, and
 whether the output copies its input changes within a request (an edit copies most of the source
 and then writes the one change).
@@ -44,6 +44,11 @@ class CostModel:
         self.pause = 0
         self.resume_at = 0
         self.pauses = 0  # how often a costless drafter was paused
+
+    def become_costless(self) -> None:
+        """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
+        self.costless = True
+        self.window.clear()
 
     def measuring(self) -> bool:
         """True while the first plain steps are timed (no drafting yet)."""

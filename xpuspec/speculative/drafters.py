@@ -61,6 +61,11 @@ class Drafter(ABC):
     def stop(self) -> None:
         """End a request: release what :meth:`start` holds (a worker thread)."""
 
+    def costless_part(self) -> Optional["Drafter"]:
+        """What keeps drafting once the cost model drops the draft model: this drafter if it is
+        costless, the prompt lookup of a hybrid, else ``None``."""
+        return self if self.costless else None
+
 
 class PromptLookupDrafter(Drafter):
     """n-gram prompt lookup (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
@@ -181,6 +186,9 @@ class HybridDrafter(Drafter):
 
     def stop(self) -> None:
         self.model.stop()
+
+    def costless_part(self) -> Drafter:
+        return self.lookup
 
     def propose(self, context, k, score, sample, threshold=0.0):
         found = self.lookup.lookup(context, k)
