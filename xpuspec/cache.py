@@ -57,8 +57,9 @@ def _interrupts_recorded():
 
     Python raises KeyboardInterrupt where the signal lands; when that is inside a ``__del__``
     (libraries' finalisers run during export) it is swallowed. The record lets the caller
-    refuse to commit after such a lost interrupt; its "Exception ignored" report is not printed. Only the main thread can set
-    signal handlers, and a handler other than Python's default is left alone.
+    refuse to commit after such a lost interrupt, whose "Exception ignored" report is not
+    printed. Only the main thread can set signal handlers, and a handler other than Python's
+    default is left alone.
     """
     seen = []
     if threading.current_thread() is not threading.main_thread() \

@@ -53,9 +53,11 @@ class DraftSchedule:
         if self.num_assistant_tokens < 1:
             raise SpeculativeConfigError(f"num_assistant_tokens must be >= 1, got {self.num_assistant_tokens}.")
         if self.schedule not in ("heuristic", "constant"):
-            raise SpeculativeConfigError(f"num_assistant_tokens_schedule must be 'heuristic' or 'constant', got {self.schedule!r}.")
+            raise SpeculativeConfigError(
+                f"num_assistant_tokens_schedule must be 'heuristic' or 'constant', got {self.schedule!r}.")
         if not 0.0 <= self.confidence_threshold < 1.0:
-            raise SpeculativeConfigError(f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
+            raise SpeculativeConfigError(
+                f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
 
     def next_k(self, k: int, drafted: int, accepted: int) -> int:
         if self.schedule == "constant" or drafted == 0:

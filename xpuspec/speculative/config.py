@@ -82,8 +82,9 @@ class SpeculativeConfig:
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
             raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
         if self.mode == "prompt_lookup" and self.overlap:
-            raise SpeculativeConfigError("overlap=True needs a draft model; prompt lookup drafts in microseconds and has "
-                             "nothing to overlap. Drop overlap= or pick mode 'self', 'layer_skip', 'hybrid' or 'draft'.")
+            raise SpeculativeConfigError(
+                "overlap=True needs a draft model; prompt lookup drafts in microseconds and has nothing to "
+                "overlap. Drop overlap= or pick mode 'self', 'layer_skip', 'hybrid' or 'draft'.")
 
     @property
     def draft_length(self) -> int:
@@ -110,7 +111,8 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if speculative is None or speculative is False:
         if overrides:
-            raise SpeculativeConfigError(f"{', '.join(sorted(overrides))} given without speculative=; add speculative=True.")
+            raise SpeculativeConfigError(
+                f"{', '.join(sorted(overrides))} given without speculative=; add speculative=True.")
         return None
     if isinstance(speculative, SpeculativeConfig):
         return replace(speculative, **overrides)
@@ -120,5 +122,5 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
         return SpeculativeConfig(mode=speculative, **overrides)
     if isinstance(speculative, (str, os.PathLike)):
         return SpeculativeConfig(mode="draft", draft=str(speculative), **overrides)
-    raise SpeculativeConfigError(f"speculative= takes True, 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft path or a "
-                     f"SpeculativeConfig, not {speculative!r}.")
+    raise SpeculativeConfigError(f"speculative= takes True, 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft "
+                                 f"path or a SpeculativeConfig, not {speculative!r}.")

@@ -10,10 +10,10 @@ measured fewer tokens than plain steps would have given in the same time.
 
 What happens then depends on the drafter. A model drafter is switched off for the rest of the
 request (its probe cost a draft prefill and k draft steps; the decode loop may hand the rest to
-the target's native engine); a hybrid keeps its prompt lookup, which goes on as a costless drafter. A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new
-tokens and then probed again, judged on its first round: a probe costs one verify pass, and
-whether the output copies its input changes within a request (an edit copies most of the source
-and then writes the one change).
+the target's native engine); a hybrid drops its draft model and keeps its prompt lookup. A
+costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and then probed again,
+judged on its first round: a probe costs one verify pass, and whether the output copies its input
+changes within a request (an edit copies most of the source and then writes the one change).
 """
 
 from collections import deque
