@@ -165,9 +165,10 @@ def test_an_interrupt_swallowed_by_a_finaliser_still_stops_the_commit(tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         with atomic_folder(final) as tmp:
             (tmp / "file").write_text("complete")
-            SwallowsCtrlC()  # KeyboardInterrupt raised in __del__: Python reports it and goes on
-            (tmp / "more").write_text("still running")
-    assert list(tmp_path.iterdir()) == []
+            with atomic_folder(tmp_path / "inner") as inner:  # a cache entry built during an export
+                SwallowsCtrlC()  # KeyboardInterrupt raised in __del__: Python reports it and goes on
+                (inner / "more").write_text("still running")
+    assert list(tmp_path.iterdir()) == []  # neither the inner entry nor the outer folder committed
     assert "Exception ignored" not in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with atomic_folder(final) as tmp:  # and the next build commits

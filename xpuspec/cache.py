@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from filelock import FileLock
 
@@ -51,37 +51,45 @@ def folder_fingerprint(folder: Path) -> str:
     return digest(str(Path(folder).resolve()), entries)
 
 
+#: Every Ctrl-C (SIGINT) received while an :func:`atomic_folder` block ran, nested blocks included.
+_SIGINTS: List[int] = []
+
+
+def _record_and_raise(signum, frame):
+    _SIGINTS.append(signum)
+    raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def _interrupts_recorded():
-    """Yield a list that gets an entry for every Ctrl-C (SIGINT) received inside the block.
+    """Yield a function that says whether a Ctrl-C (SIGINT) arrived since the block began.
 
     Python raises KeyboardInterrupt where the signal lands; when that is inside a ``__del__``
-    (libraries' finalisers run during export) it is swallowed. The record lets the caller
-    refuse to commit after such a lost interrupt, whose "Exception ignored" report is not
-    printed. Only the main thread can set signal handlers, and a handler other than Python's
-    default is left alone.
+    (libraries' finalisers run during export) it is swallowed. The record lets the caller refuse
+    to commit after such a lost interrupt, whose "Exception ignored" report is not printed. The
+    outermost block installs the handler and the hook; nested blocks share its record. Only the
+    main thread can set signal handlers, and a handler other than Python's default is left alone.
     """
-    seen = []
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield seen
-        return
+    start = len(_SIGINTS)
+    outermost = (threading.current_thread() is threading.main_thread()
+                 and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    report = sys.unraisablehook
 
-    def record_and_raise(signum, frame):
-        seen.append(signum)
-        raise KeyboardInterrupt
-
-    def quiet_when_recorded(unraisable, report=sys.unraisablehook):
-        if not (seen and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+    def quiet_when_recorded(unraisable):
+        if not (len(_SIGINTS) > start and isinstance(unraisable.exc_value, KeyboardInterrupt)):
             report(unraisable)
 
-    signal.signal(signal.SIGINT, record_and_raise)
-    sys.unraisablehook = quiet_when_recorded
+    if outermost:
+        signal.signal(signal.SIGINT, _record_and_raise)
+        sys.unraisablehook = quiet_when_recorded
     try:
-        yield seen
+        yield lambda: len(_SIGINTS) > start
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.unraisablehook = quiet_when_recorded.__defaults__[0]
+        if outermost:
+            if signal.getsignal(signal.SIGINT) is _record_and_raise:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+            if sys.unraisablehook is quiet_when_recorded:
+                sys.unraisablehook = report
 
 
 @contextlib.contextmanager
@@ -98,9 +106,9 @@ def atomic_folder(final: Path, overwrite: bool = False):
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     tmp.chmod(0o755)
     try:
-        with _interrupts_recorded() as interrupts:
+        with _interrupts_recorded() as interrupted:
             yield tmp
-            if interrupts:
+            if interrupted():
                 raise KeyboardInterrupt
             if final.exists() and overwrite:
                 old = final.with_name(f".{final.name}.old-{os.getpid()}")

@@ -90,7 +90,8 @@ def _refuse_torchrun_without_stages() -> None:
         raise PipelineConfigError(
             f"Started by torchrun with {world.world_size} processes but without --pipeline-parallel-stages: every "
             f"process would run the whole model. Add --pipeline-parallel-stages {world.world_size} --backend torch "
-            "to split the layers over the processes, or run `python -m xpuspec generate ...` without torchrun.")
+            "--low-bit none (or fp16) to split the layers over the processes, or run `python -m xpuspec generate "
+            "...` without torchrun.")
 
 
 def _quiet_unless_rank_0() -> bool:
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="self | layer_skip | prompt_lookup | hybrid | a draft model path or name (default: plain decoding)")
     p.add_argument("--draft-low-bit", default=None, choices=FORMATS, help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
-    p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4)")
+    p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4; 5 for prompt_lookup)")
     p.add_argument("--pipeline-parallel-stages", type=int, default=None, metavar="N",
                    help="split the layers into N stages: over the devices of --device (a list such as cpu,cpux or "
                         "gpu.0,gpu.1), or under `torchrun --nproc-per-node N` one per process (torch backend)")

@@ -20,7 +20,7 @@ whose KV slots are rolled back at once; a round without drafts is a plain one-to
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional
 
 import torch
@@ -30,7 +30,7 @@ from .errors import SpeculativeConfigError
 from .generation import GenerationStats, eos_ids, logits_processor, max_new_tokens
 from .runner import Runner
 from .speculative.costmodel import CostModel
-from .speculative.drafters import Drafter
+from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter
 from .speculative.verify import greedy_accept, rejection_sample
 
 @dataclass
@@ -41,7 +41,8 @@ class DraftSchedule:
         num_assistant_tokens: initial draft length k (>= 1).
         schedule: ``"heuristic"`` (+2 after a full accept, -1 otherwise, at least 1) or ``"constant"``.
         confidence_threshold: stop drafting when the draft's top probability falls below it (0: off).
-        cost_model: switch speculation off when it measures slower than plain decoding.
+        cost_model: switch a draft model off, or pause prompt lookup, when speculation measures slower
+            than plain decoding (:mod:`xpuspec.speculative.costmodel`).
     """
 
     num_assistant_tokens: int = 4
@@ -58,6 +59,10 @@ class DraftSchedule:
         if not 0.0 <= self.confidence_threshold < 1.0:
             raise SpeculativeConfigError(
                 f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
+
+    def for_lookup(self) -> "DraftSchedule":
+        """This schedule for prompt lookup alone: a constant :data:`DEFAULT_LOOKUP_TOKENS`."""
+        return replace(self, num_assistant_tokens=DEFAULT_LOOKUP_TOKENS, schedule="constant")
 
     def next_k(self, k: int, drafted: int, accepted: int) -> int:
         if self.schedule == "constant" or drafted == 0:
@@ -126,9 +131,9 @@ def _length_rule_score(config: GenerationConfig, prompt_len: int):
     minimum length, as transformers' ``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``
     do, without their per-step tensor work (a vocabulary-wide ``isin``, about 0.4 ms a step)."""
     minimum = prompt_len + _min_new_tokens(config, prompt_len)
-    eos = eos_ids(config)
 
     def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
+        eos = [e for e in eos_ids(config) if 0 <= e < logits.shape[-1]]  # as isin: ids off the vocabulary mask nothing
         if len(prefix) >= minimum or not eos:
             return logits
         masked = logits.clone()
@@ -207,13 +212,14 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         if done:
             break
         k = schedule.next_k(k, len(drafts), n)
-        if round_s is not None:
-            cost.record(round_s, n + 1, len(drafts), speculative=bool(drafts))
+        if round_s is not None and not (drafts and not cost.costless and proposer.last_round_costless()):
+            cost.record(round_s, n + 1, len(drafts), speculative=bool(drafts))  # a hybrid's model: its own rounds
         if active and drafts and not cost.keep_speculating(len(new)):
             fallback = proposer.costless_part()
             if fallback is not None:  # a hybrid drops its draft model and goes on with prompt lookup
                 drafter.stop()
-                proposer, k = fallback, schedule.num_assistant_tokens
+                proposer, schedule, pad_to = fallback, schedule.for_lookup(), 0
+                k = schedule.num_assistant_tokens
                 cost.become_costless()
                 stats.extra["draft_model_off_after_tokens"] = len(new)
             else:

@@ -36,7 +36,7 @@ class World(NamedTuple):
 def torchrun_world() -> Optional[World]:
     """``World(rank, world_size, local_rank)`` when started by torchrun with ``WORLD_SIZE`` > 1, else ``None``."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size <= 1:
+    if size <= 1 or "RANK" not in os.environ:  # torchrun sets both
         return None
     rank = int(os.environ["RANK"])
     return World(rank, size, int(os.environ.get("LOCAL_RANK", rank)))

@@ -56,7 +56,7 @@ class GenerationConfigError(XpuspecError, ValueError):
 
 class SpeculativeConfigError(XpuspecError, ValueError):
     """Speculative-decoding settings that cannot work together: an unknown mode, a draft length below 1,
-    n-gram sizes out of order, draft settings for prompt lookup, overlap without a draft model."""
+    an unknown schedule, n-gram sizes out of order, overlap without a draft model."""
 
 
 class UnsupportedArchitectureError(XpuspecError, ValueError):

@@ -146,8 +146,9 @@ class XpuspecModelForCausalLM:
         memory_key = (type(drafter).__name__, id(assistant_model))
         remembered = drafter is not None and schedule.cost_model
         skipped = remembered and not self._speculation_memory.should_speculate(memory_key)
-        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer,
-                                         drafter.costless_part() if skipped else drafter, schedule)
+        if skipped:  # a hybrid keeps its prompt lookup
+            drafter, schedule = drafter.costless_part(), schedule.for_lookup()
+        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer, drafter, schedule)
         if skipped:
             stats.extra["speculation_skipped"] = "the cost model switched the draft model off on the last requests"
         elif remembered:

@@ -348,7 +348,8 @@ class XpuspecSystem(System):
         self.weight_bytes = self.model.runner.weight_bytes
         settings = {"ir": str(folder), "ov_config": self.model.runner.configs[0], "device_map": self.model.device_map}
         if spec is not None:
-            settings["speculative"] = {k: v for k, v in spec.__dict__.items() if v is not None}
+            settings["speculative"] = {**{k: v for k, v in spec.__dict__.items() if v is not None},
+                                       "num_assistant_tokens": spec.draft_length}
         if self.model.draft_model is not None:
             settings["draft_ir"] = str(self.model.draft_model.runner.folder)
         return settings

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 from ..decode import DraftSchedule
 from ..errors import LowBitConfigError, SpeculativeConfigError
+from .drafters import DEFAULT_LOOKUP_TOKENS
 
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
 #: Draft format of self-speculation: a low-bit copy of the target.
@@ -18,9 +19,6 @@ DEFAULT_SELF_DRAFT_LOW_BIT = "int4_sym"
 DRAFT_DEVICE_ENV = "XPUSPEC_DRAFT_DEVICE"
 #: Default draft length k with a draft model (transformers' ``num_assistant_tokens``).
 DEFAULT_ASSISTANT_TOKENS = 4
-#: Default draft length of prompt lookup alone (openvino_genai's): on SmolLM2 int8 (64 tokens, one
-#: interleaved run) k=5 gave 1.21x (edit), 1.09x (code) and 1.07x (prose) the tokens/s of k=4.
-DEFAULT_LOOKUP_TOKENS = 5
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,8 @@ class SpeculativeConfig:
         max_matching_ngram_size: longest n-gram prompt lookup matches (default 3, openvino_genai's).
         min_matching_ngram_size: shortest n-gram prompt lookup matches (default 2, as vLLM's
             ``prompt_lookup_min``; 1 proposes after any repeated token, which rarely pays).
-        cost_model: switch speculation off for the rest of a request when it measures slower.
+        cost_model: switch a draft model off for the rest of a request, or pause prompt lookup, when
+            speculation measures slower than plain decoding (:mod:`xpuspec.speculative.costmodel`).
         overlap: draft the next block while the target verifies this one (PEARL; see
             :mod:`xpuspec.speculative.overlap`). ``None``: on when the draft model runs on a device
             none of the target's stages uses.
@@ -71,12 +70,15 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"Unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}.")
         if self.mode == "draft" and not self.draft:
             raise SpeculativeConfigError("mode='draft' needs draft= (a draft model path or name).")
-        DraftSchedule(self.draft_length, self.num_assistant_tokens_schedule or "heuristic",
+        DraftSchedule(self.draft_length, "heuristic" if self.num_assistant_tokens_schedule is None
+                      else self.num_assistant_tokens_schedule,
                       self.assistant_confidence_threshold)  # raises on a bad length, schedule or threshold
+        if self.prompt_lookup_num_tokens is not None and self.prompt_lookup_num_tokens < 1:
+            raise SpeculativeConfigError(f"prompt_lookup_num_tokens must be >= 1, got {self.prompt_lookup_num_tokens}.")
         if not 1 <= self.min_matching_ngram_size <= self.max_matching_ngram_size:
             raise SpeculativeConfigError(
                 f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got {self.min_matching_ngram_size} "
-                f"and {self.max_matching_ngram_size}.")
+                f"and {self.max_matching_ngram_size} (min_matching_ngram_size defaults to 2: set it too).")
         if self.skip_layers is not None and self.mode != "layer_skip":
             raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):

@@ -1,6 +1,6 @@
 """The cost model's memory across requests: stop probing speculation that keeps measuring slower.
 
-Within a request the cost model (:func:`xpuspec.decode.speculation_pays`) switches speculation off
+Within a request the cost model (:mod:`xpuspec.speculative.costmodel`) switches a draft model off
 once it measures slower than plain decoding, but each new request pays its probe again: a few
 speculative rounds, and the draft's prefill. Measured on SmolLM2 int8 with the int4 self-draft
 (64 new tokens): 31 tokens/s against 49 plain, although speculation was off after about 6 tokens.
