@@ -90,7 +90,8 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     start = time.perf_counter()
     schedule = schedule or DraftSchedule()
     processors = logits_processor(config, len(prompt))
-    if drafter is None and _native_greedy_applies(config, processors):
+    plain_greedy = _native_greedy_applies(config, processors)
+    if drafter is None and plain_greedy:
         done = _native_greedy(target, prompt, config, streamer, start)
         if done is not None:
             return done
@@ -98,7 +99,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
         return processors(torch.tensor([prefix]), logits)
 
-    if _native_greedy_applies(config, processors):
+    if plain_greedy:
         score = _length_rule_score(config, len(prompt))
 
     target.reset()
@@ -106,7 +107,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
         drafter.start(list(prompt), score, bool(config.do_sample), schedule.confidence_threshold)
     try:
         return _loop(target, prompt, config, streamer, drafter, schedule, score, start,
-                     native=_native_greedy_applies(config, processors))
+                     native=plain_greedy)
     finally:
         if drafter is not None:
             drafter.stop()
@@ -133,8 +134,10 @@ def _length_rule_score(config: GenerationConfig, prompt_len: int):
     minimum = prompt_len + _min_new_tokens(config, prompt_len)
 
     def score(prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
+        if len(prefix) >= minimum:
+            return logits
         eos = [e for e in eos_ids(config) if 0 <= e < logits.shape[-1]]  # as isin: ids off the vocabulary mask nothing
-        if len(prefix) >= minimum or not eos:
+        if not eos:
             return logits
         masked = logits.clone()
         masked[:, eos] = float("-inf")
@@ -212,7 +215,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         if done:
             break
         k = schedule.next_k(k, len(drafts), n)
-        if round_s is not None and not (drafts and not cost.costless and proposer.last_round_costless()):
+        if round_s is not None and not (drafts and not proposer.costless and proposer.last_round_costless()):
             cost.record(round_s, n + 1, len(drafts), speculative=bool(drafts))  # a hybrid's model: its own rounds
         if active and drafts and not cost.keep_speculating(len(new)):
             fallback = proposer.costless_part()

@@ -58,14 +58,12 @@ class TorchBackend(Backend):
             )
         dtypes = {None: torch.float32, "fp32": torch.float32, "fp16": torch.float16}
         fmt = low_bit.format if low_bit else None
-        if fmt not in dtypes and stages is not None:
+        if fmt not in dtypes:
             raise LowBitConfigError(
                 f"A torchrun pipeline runs fp32 or fp16 weights only, not {fmt}: pass load_in_low_bit=None or "
                 "'fp16' (CLI: --low-bit none or fp16). For INT8/INT4 weights split over several devices, run one "
-                "process without torchrun on the OpenVINO backend, e.g. device='gpu.0,gpu.1' (CLI: --device gpu.0,gpu.1)."
-            )
-        if fmt not in dtypes:
-            raise LowBitConfigError(
+                "process without torchrun on the OpenVINO backend, e.g. device='gpu.0,gpu.1' (CLI: --device "
+                "gpu.0,gpu.1)." if stages is not None else
                 f"The torch backend runs fp32 and fp16 only, not {fmt}. For INT8/INT4 weights use the OpenVINO "
                 "backend (backend='openvino', devices cpu/gpu/npu)."
             )

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 from ..decode import DraftSchedule
 from ..errors import LowBitConfigError, SpeculativeConfigError
-from .drafters import DEFAULT_LOOKUP_TOKENS
+from .drafters import DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter
 
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
 #: Draft format of self-speculation: a low-bit copy of the target.
@@ -75,10 +75,7 @@ class SpeculativeConfig:
                       self.assistant_confidence_threshold)  # raises on a bad length, schedule or threshold
         if self.prompt_lookup_num_tokens is not None and self.prompt_lookup_num_tokens < 1:
             raise SpeculativeConfigError(f"prompt_lookup_num_tokens must be >= 1, got {self.prompt_lookup_num_tokens}.")
-        if not 1 <= self.min_matching_ngram_size <= self.max_matching_ngram_size:
-            raise SpeculativeConfigError(
-                f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got {self.min_matching_ngram_size} "
-                f"and {self.max_matching_ngram_size} (min_matching_ngram_size defaults to 2: set it too).")
+        PromptLookupDrafter(self.max_matching_ngram_size, self.min_matching_ngram_size)  # raises on bad n-gram sizes
         if self.skip_layers is not None and self.mode != "layer_skip":
             raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):

@@ -87,8 +87,9 @@ class PromptLookupDrafter(Drafter):
 
     def __init__(self, max_matching_ngram_size: int = 2, min_matching_ngram_size: int = 1):
         if not 1 <= min_matching_ngram_size <= max_matching_ngram_size:
-            raise SpeculativeConfigError(f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got "
-                             f"{min_matching_ngram_size} and {max_matching_ngram_size}.")
+            raise SpeculativeConfigError(
+                f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got {min_matching_ngram_size} and "
+                f"{max_matching_ngram_size} (SpeculativeConfig's min_matching_ngram_size defaults to 2: set both).")
         self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
 
     def propose(self, context, k, score, sample, threshold=0.0):

@@ -61,7 +61,7 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
     """
     base = spec or SpeculativeConfig()
     lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode == "prompt_lookup" else None
-    drafter = _drafter(target, spec, assistant_model, prompt_lookup_num_tokens) if enabled else None
+    drafter = _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens) if enabled else None
     schedule = DraftSchedule(
         num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
                                     base.draft_length),
@@ -77,8 +77,8 @@ def _first(*values):
     return next(v for v in values if v is not None)
 
 
-def _drafter(target, spec, assistant_model, prompt_lookup_num_tokens):
-    base = spec or SpeculativeConfig()
+def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
+    """``base``: ``spec``, or the default :class:`SpeculativeConfig` when ``spec`` is ``None``."""
 
     def lookup():
         return PromptLookupDrafter(base.max_matching_ngram_size, base.min_matching_ngram_size)
