@@ -106,8 +106,10 @@ def test_rollback_equals_a_fresh_forward(smollm2_path, tokenizer, backend):
 @pytest.mark.parametrize("max_dead_slots", [0, 3, 1000])
 def test_masked_rollback_over_many_rounds_equals_a_fresh_forward(smollm2_path, tokenizer, max_dead_slots):
     """Rejected slots masked out round after round (holes inside the cache), with compaction
-    on every rollback (0), now and then (3: it gathers non-contiguous live slots) or never."""
-    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym")
+    on every rollback (0), now and then (3: it gathers non-contiguous live slots) or never (the
+    stateful SDPA runner; a paged KV cache rolls back by its length alone)."""
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                                 ov_config={"ATTENTION_BACKEND": "SDPA"})
     runner = model.runner
     runner.max_dead_slots = max_dead_slots
     ids = tokenizer(PROMPTS_8[2] + "    for i in range(len(numbers)):\n        for j in range(i)").input_ids
@@ -147,7 +149,7 @@ def test_paused_prompt_lookup_is_identical(smollm2_path, tokenizer, monkeypatch)
     steps alternate with padded verify passes. Every probe judged a failure here (2, 4, 8 ... tokens of
     pause); the output stays the plain greedy output, on real input-grounded prompts."""
     from xpuspec.bench.prompts import select
-    from xpuspec.speculative.costmodel import CostModel
+    from xpuspec.speculative.costmodel import CostModel, remembered_plain_step
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
                                                  speculative="prompt_lookup")
@@ -160,6 +162,7 @@ def test_paused_prompt_lookup_is_identical(smollm2_path, tokenizer, monkeypatch)
         assert torch.equal(got, expected), prompt[:60]
         stats = model.last_generate_stats
         assert stats.extra["speculation_paused"] >= 4 and stats.accepted_tokens > 0, (stats.extra, stats.summary())
+        assert remembered_plain_step(model.runner) > 0  # the next request drafts from its first round
 
 
 def test_hybrid_drops_its_draft_model_and_goes_on_with_prompt_lookup(smollm2_path, tokenizer, monkeypatch):

@@ -180,7 +180,11 @@ def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
     lookup = CostModel(enabled=True, costless=True)
     lookup.record(0.010, 1, 0, speculative=False)
     pauses, produced = [], 0
-    for _ in range(7):  # every probe fails on its first round: 2, 4, 8, ... tokens of pause, at most 32
+    for _ in range(7):  # every probe fails: after each failing window, 2, 4, 8, ... tokens of pause, at most 32
+        for _ in range(WINDOW_ROUNDS - 1):  # judged over a window, not on a single miss
+            lookup.record(0.020, 1, 4, speculative=True)
+            assert lookup.keep_speculating(produced) and not lookup.paused(produced)
+            produced += 1
         lookup.record(0.020, 1, 4, speculative=True)
         assert lookup.keep_speculating(produced)  # a costless drafter is never switched off
         pauses.append(lookup.resume_at - produced)
@@ -191,6 +195,13 @@ def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
         lookup.record(0.020, 5, 4, speculative=True)
         assert lookup.keep_speculating(produced) and not lookup.paused(produced)
     assert lookup.pause == 0 and lookup.pauses == 7  # the next failure pauses for 2 tokens again
+
+    known = CostModel(enabled=True, costless=True, known_plain_s=0.010)  # T1 from an earlier request
+    assert not known.measuring() and known.plain_step() == 0.010
+    known.record(0.012, 1, 0, speculative=False)
+    assert known.plain_step() == 0.010  # the faster of the two
+    known.record(0.020, 1, 4, speculative=True)
+    assert known.keep_speculating(0) and known.pays()  # best case 5 tokens in 2 steps' time
 
     off = CostModel(enabled=False, costless=False)
     assert not off.measuring()

@@ -29,7 +29,7 @@ from transformers import GenerationConfig
 from .errors import SpeculativeConfigError
 from .generation import GenerationStats, eos_ids, logits_processor, max_new_tokens
 from .runner import Runner
-from .speculative.costmodel import CostModel
+from .speculative.costmodel import CostModel, remember_plain_step, remembered_plain_step
 from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter
 from .speculative.verify import greedy_accept, rejection_sample
 
@@ -178,7 +178,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     """The decode loop; ``native``: once the cost model switches speculation off, the target's native
     greedy engine (if any) decodes the rest of the request."""
     cost = CostModel(schedule.cost_model and not target.lockstep,  # timings differ between a pipeline's ranks
-                     costless=drafter is not None and drafter.costless)
+                     costless=drafter is not None and drafter.costless, known_plain_s=remembered_plain_step(target))
     stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
     stats = GenerationStats(prompt_tokens=len(prompt))
     context, new, scores, raw = list(prompt), [], [], []
@@ -264,4 +264,6 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     stats.decode_s = end - (first or end)
     if cost.pauses:
         stats.extra["speculation_paused"] = cost.pauses
+    if cost.enabled:
+        remember_plain_step(target, cost)
     return new, scores, raw, stats

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 
 from xpuspec.cache import cache_root
 from xpuspec.devices import Backend, DeviceInfo
-from xpuspec.errors import DeviceNotFoundError
+from xpuspec.errors import DeviceNotFoundError, PipelineConfigError
 
 log = logging.getLogger("xpuspec")
 
@@ -22,6 +22,8 @@ NPU_MIN_RESPONSE_LEN = 128
 #: Comma-separated extra names under which OpenVINO's CPU plugin is registered a second time, e.g.
 #: ``cpux``: one CPU then shows as two real devices (``cpu``, ``cpux``) for multi-device runs.
 CPU_ALIASES_ENV = "XPUSPEC_CPU_ALIASES"
+#: openvino_genai's property for the attention implementation, taken from ``ov_config`` (not compiled).
+ATTENTION_BACKEND = "ATTENTION_BACKEND"
 
 
 #: OpenVINO's own device and meta-device names, which an alias must not take.
@@ -76,6 +78,29 @@ def compile_config(device: str, user_config: Optional[dict] = None) -> dict:
     return config
 
 
+def attention_backend(requested: Optional[str], devices: Sequence[str]) -> bool:
+    """Whether a model runs with paged attention (:class:`.paged.PagedRunner`) rather than on the stateful
+    SDPA model (:class:`.runner.OpenVINORunner`): ``ov_config={"ATTENTION_BACKEND": "PA" | "SDPA"}``,
+    openvino_genai's property. By default a whole model on a CPU or GPU is paged; pipeline stages
+    and the NPU (NPUW runs its own LLM pipeline) run the stateful model.
+
+    Raises:
+        PipelineConfigError: ``"PA"`` asked for pipeline stages or the NPU.
+        ValueError: a value other than ``"PA"`` and ``"SDPA"``.
+    """
+    whole = len(devices) == 1 and _kind(devices[0]) != "npu"
+    if requested is None:
+        return whole
+    value = str(requested).upper()
+    if value not in ("PA", "SDPA"):
+        raise ValueError(f"ov_config {ATTENTION_BACKEND}={requested!r}: use 'PA' (paged attention) or 'SDPA'.")
+    if value == "PA" and not whole:
+        raise PipelineConfigError(
+            f"ov_config {ATTENTION_BACKEND}='PA' cannot run on {','.join(devices)}: pipeline stages and the NPU run "
+            f"the stateful SDPA model. Drop {ATTENTION_BACKEND}, or run the model on one CPU or GPU.")
+    return value == "PA"
+
+
 class OpenVINOBackend(Backend):
     """Runs stateful OpenVINO IRs; compresses weights with NNCF; exports IR folders."""
 
@@ -124,6 +149,7 @@ class OpenVINOBackend(Backend):
             ValueError: ``split`` does not fit the stages or the model's layers.
         """
         from .ir import prepare_ir
+        from .paged import PagedRunner
         from .runner import OpenVINORunner
 
         devices = list(stages or [device])
@@ -131,8 +157,13 @@ class OpenVINOBackend(Backend):
             raise DeviceNotFoundError(
                 f"The NPU runs a whole LLM through OpenVINO's NPUW pipeline and cannot hold one stage of {devices}. "
                 "Put the stages on CPU/GPU devices, and use the NPU for the draft (draft_device='npu').")
+        ov_config = dict(ov_config or {})
+        paged = attention_backend(ov_config.pop(ATTENTION_BACKEND, None), devices)
         folder = prepare_ir(source, low_bit)
-        return OpenVINORunner(self.core, folder, devices, [compile_config(d, ov_config) for d in devices], split)
+        configs = [compile_config(d, ov_config) for d in devices]
+        if paged:
+            return PagedRunner(self.core, folder, devices[0], configs[0])
+        return OpenVINORunner(self.core, folder, devices, configs, split)
 
     def save_low_bit(self, runner, folder) -> None:
         _copy_files(runner.folder, Path(folder))

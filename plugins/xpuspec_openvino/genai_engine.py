@@ -14,16 +14,19 @@ from typing import Callable, List, Sequence
 
 
 class GenAIGreedy:
-    """A lazily built ``openvino_genai.LLMPipeline`` (SDPA backend) for plain greedy decoding.
+    """A lazily built ``openvino_genai.LLMPipeline`` for plain greedy decoding.
 
     Args:
         folder: the IR folder (with its OpenVINO tokenizer and detokenizer).
         device: OpenVINO device name (``"CPU"``, ``"GPU.1"``).
         config: the runner's compile properties.
+        attention_backend: ``"SDPA"`` (the stateful model, as :class:`.runner.OpenVINORunner` runs it) or
+            ``"PA"`` (paged attention, as :class:`.paged.PagedRunner` runs it): the runner's own numerics.
     """
 
-    def __init__(self, folder: Path, device: str, config: dict):
+    def __init__(self, folder: Path, device: str, config: dict, attention_backend: str = "SDPA"):
         self.folder, self.device, self.config = Path(folder), device, dict(config)
+        self.attention_backend = attention_backend
         self._pipe = None
 
     def generate(self, prompt: List[int], max_new_tokens: int, min_new_tokens: int, eos: Sequence[int],
@@ -34,7 +37,7 @@ class GenAIGreedy:
         import openvino_genai
 
         if self._pipe is None:
-            self._pipe = openvino_genai.LLMPipeline(str(self.folder), self.device, ATTENTION_BACKEND="SDPA",
+            self._pipe = openvino_genai.LLMPipeline(str(self.folder), self.device, ATTENTION_BACKEND=self.attention_backend,
                                                     **self.config)
         config = openvino_genai.GenerationConfig()
         config.max_new_tokens, config.min_new_tokens = max_new_tokens, min_new_tokens

@@ -136,8 +136,11 @@ def _stage(model: ov.Model, a: int, b: int, total: int, name: str) -> ov.Model:
     return stage
 
 
-def keep_last_logits(model: ov.Model) -> ov.Model:
+def keep_last_logits(model: ov.Model, axis: int = 1) -> ov.Model:
     """Add an input ``logits_to_keep`` (int64 ``[1]``): the LM head runs on that many last positions only.
+
+    ``axis`` is the sequence axis of the hidden states entering the head: 1 in the stateful IR
+    (``[1, n, hidden]``), 0 in its paged-attention form (``[n, 1, hidden]``).
 
     A prefill of n tokens then computes one row of logits instead of n (the head is the
     largest matrix of a small model: 151936 x 1536 for Qwen2.5-1.5B). Changes ``model`` in place.
@@ -156,7 +159,7 @@ def keep_last_logits(model: ov.Model) -> ov.Model:
     start = opset13.negative(keep)
     stop = opset13.constant([2**62], ov.Type.i64)
     step = opset13.constant([1], ov.Type.i64)
-    axis = opset13.constant([1], ov.Type.i64)
+    axis = opset13.constant([axis], ov.Type.i64)
     head.input(0).replace_source_output(opset13.slice(hidden, start, stop, step, axis).output(0))
     model.add_parameters([keep])
     model.validate_nodes_and_infer_types()

@@ -89,6 +89,7 @@ class OpenVINORunner(Runner):
         self.folder = Path(folder)
         self.device = ",".join(devices)
         self.configs = [dict(c) for c in configs]
+        self.attention_backend = "SDPA"
         model = read_ir(core, self.folder)
         self.num_layers = num_layers(model)
         self.vocab_size = int(model.output("logits").partial_shape[-1].get_length())

@@ -346,7 +346,9 @@ class XpuspecSystem(System):
         if self.setup.ir and folder != Path(self.setup.ir).resolve():
             raise RuntimeError(f"xpuspec loaded {folder}, not the benchmark's IR {self.setup.ir}")
         self.weight_bytes = self.model.runner.weight_bytes
-        settings = {"ir": str(folder), "ov_config": self.model.runner.configs[0], "device_map": self.model.device_map}
+        runner = self.model.runner
+        settings = {"ir": str(folder), "ov_config": runner.configs[0], "attention_backend": runner.attention_backend,
+                    "device_map": self.model.device_map}
         if spec is not None:
             settings["speculative"] = {**{k: v for k, v in spec.__dict__.items() if v is not None},
                                        "num_assistant_tokens": spec.draft_length}

@@ -1,0 +1,76 @@
+"""The paged-attention runner on the real SmolLM2: its logits agree with the stateful SDPA model's,
+its KV cache grows and rolls back exactly, and openvino_genai's paged-attention engine (its plain
+greedy engine) gives the tokens of its own loop."""
+
+import pytest
+import torch
+
+from xpuspec import AutoModelForCausalLM
+from xpuspec.errors import PipelineConfigError
+
+from conftest import MODEL, PROMPTS
+
+SDPA = {"ATTENTION_BACKEND": "SDPA"}
+
+
+@pytest.fixture(scope="module")
+def paged(ov_int8):
+    assert type(ov_int8.runner).__name__ == "PagedRunner"  # the default for a whole model on the CPU
+    return ov_int8.runner
+
+
+def test_paged_logits_match_the_stateful_model(smollm2_path, tokenizer, paged):
+    sdpa = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", ov_config=SDPA)
+    assert type(sdpa.runner).__name__ == "OpenVINORunner"
+    ids = tokenizer(PROMPTS[2]).input_ids
+    for runner in (paged, sdpa.runner):
+        runner.reset()
+    a, b = paged.forward(ids), sdpa.runner.forward(ids)
+    assert a.shape == b.shape == (len(ids), paged.vocab_size)
+    assert float((a - b).abs().max()) < 1e-3
+    step_a, step_b = paged.forward([int(a[-1].argmax())]), sdpa.runner.forward([int(b[-1].argmax())])
+    assert float((step_a - step_b).abs().max()) < 1e-3
+
+
+def test_cache_growth_and_rollback_equal_a_fresh_forward(ov_int8, tokenizer):
+    """A one-block cache grows (copying its blocks) across many passes with rollbacks in between."""
+    from xpuspec_openvino.paged import PagedRunner
+
+    runner = PagedRunner(ov_int8.backend.core, ov_int8.runner.folder, "cpu", ov_int8.runner.configs[0], capacity=1)
+    text = " ".join(PROMPTS) * 3
+    ids = tokenizer(text).input_ids
+    assert len(ids) > 3 * runner.block_size
+    live, pos = [], 0
+    for width, keep in ((7, 7), (5, 2), (40, 33), (6, 0), (30, 30), (9, 4)):
+        block = ids[pos:pos + width]
+        runner.forward(block)
+        runner.rollback(width - keep)
+        live += block[:keep]
+        pos += keep
+        assert runner.length == len(live)
+    assert runner.capacity >= len(live) + 9 and runner.capacity % runner.block_size == 0
+    after = runner.forward(ids[pos:pos + 3])
+    runner.reset()
+    fresh = runner.forward(live + ids[pos:pos + 3])[-3:]
+    assert torch.allclose(after, fresh, atol=1e-3), float((after - fresh).abs().max())
+    assert runner.forward(ids[:5], logits_to_keep=1).shape == (1, runner.vocab_size)
+
+
+def test_native_engine_gives_the_loops_tokens(paged, tokenizer):
+    """openvino_genai's PA engine and xpuspec's loop over the same paged model: the same 48 tokens."""
+    for prompt in PROMPTS[:2]:
+        ids = tokenizer(prompt).input_ids
+        native = paged.native_greedy(ids, 48, 0, [], lambda t: None)  # EOS neither stops nor is masked
+        paged.reset()
+        logits, loop = paged.forward(ids, logits_to_keep=1), []
+        for _ in range(48):
+            loop.append(int(logits[-1].argmax()))
+            logits = paged.forward(loop[-1:])
+        assert native == loop
+
+
+def test_attention_backend_option_is_checked(smollm2_path):
+    with pytest.raises(PipelineConfigError, match="ATTENTION_BACKEND='PA'"):
+        AutoModelForCausalLM.from_pretrained(MODEL, device="cpu,cpu", ov_config={"ATTENTION_BACKEND": "PA"})
+    with pytest.raises(ValueError, match="use 'PA'"):
+        AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", ov_config={"ATTENTION_BACKEND": "paged"})
