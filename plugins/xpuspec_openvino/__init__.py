@@ -78,7 +78,7 @@ def compile_config(device: str, user_config: Optional[dict] = None) -> dict:
     return config
 
 
-def attention_backend(requested: Optional[str], devices: Sequence[str]) -> bool:
+def uses_paged_attention(requested: Optional[str], devices: Sequence[str]) -> bool:
     """Whether a model runs with paged attention (:class:`.paged.PagedRunner`) rather than on the stateful
     SDPA model (:class:`.runner.OpenVINORunner`): ``ov_config={"ATTENTION_BACKEND": "PA" | "SDPA"}``,
     openvino_genai's property. By default a whole model on a CPU or GPU is paged; pipeline stages
@@ -158,7 +158,7 @@ class OpenVINOBackend(Backend):
                 f"The NPU runs a whole LLM through OpenVINO's NPUW pipeline and cannot hold one stage of {devices}. "
                 "Put the stages on CPU/GPU devices, and use the NPU for the draft (draft_device='npu').")
         ov_config = dict(ov_config or {})
-        paged = attention_backend(ov_config.pop(ATTENTION_BACKEND, None), devices)
+        paged = uses_paged_attention(ov_config.pop(ATTENTION_BACKEND, None), devices)
         folder = prepare_ir(source, low_bit)
         configs = [compile_config(d, ov_config) for d in devices]
         if paged:

@@ -3,7 +3,7 @@
 With T1 the time of a plain decode step and k*H + T_k the measured time of a speculative round (k
 drafts at H each, one verify pass of k + 1 tokens), a round that yields tau tokens is worth
 tau * T1 / (k*H + T_k) plain steps per step's time. T1 is the fastest plain step measured on the
-same target, in this request (rounds without drafts are plain steps) and the previous ones
+same target, in this request (rounds without drafts are plain steps) and in the previous request
 (:func:`remembered_plain_step`). Only a target never timed before spends its first
 :data:`PLAIN_WARMUP_ROUNDS` steps without drafts to measure it (the first step after prefill pays
 the change of input length on a stateful model). Rounds are judged over the last
