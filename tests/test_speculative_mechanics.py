@@ -134,9 +134,10 @@ def test_bad_speculative_options(tiny_pair):
         SpeculativeConfig(num_assistant_tokens_schedule="dynamic")
 
 
-def test_prompt_lookup_finds_the_latest_longest_match():
-    lookup = PromptLookupDrafter(max_matching_ngram_size=2)
-    assert lookup.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]
+def test_prompt_lookup_finds_the_first_longest_match():
+    lookup = PromptLookupDrafter(max_matching_ngram_size=2, min_matching_ngram_size=1)
+    assert lookup.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [3, 9, 1]  # the first (1, 2), not the latest
+    assert lookup.lookup([9, 2, 5, 1, 2, 6, 3, 1, 2], 2) == [6, 3]  # the 2-gram before an earlier 1-gram
     assert lookup.lookup([7, 8, 9], 3) == []
     assert lookup.lookup([5, 6, 5], 2) == [6, 5]
 
@@ -211,6 +212,6 @@ def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
 
 def test_prompt_lookup_minimum_ngram():
     lookup = PromptLookupDrafter(max_matching_ngram_size=3, min_matching_ngram_size=2)
-    assert lookup.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]
+    assert lookup.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [3, 9, 1]
     assert lookup.lookup([5, 6, 7, 8, 5], 2) == []  # only a 1-gram matches
     assert PromptLookupDrafter(3, 1).lookup([5, 6, 7, 8, 5], 2) == [6, 7]
