@@ -158,6 +158,16 @@ def test_speculation_memory_skips_after_two_failures_and_backs_off():
     memory.record(key, switched_off=False)  # a probe where speculation paid resets the count
     assert memory.should_speculate(key) and memory.should_speculate(("other", 2))
 
+    hopeless, pattern = SpeculationMemory(), []  # a draft too slow to pay even when every draft is accepted
+    for i in range(40):
+        speculate = hopeless.should_speculate(key)
+        pattern.append(speculate)
+        if speculate:
+            hopeless.record(key, switched_off=True, cannot_pay=i != 1)
+    probes = [i for i, p in enumerate(pattern) if p]
+    # the second failure could have paid (1 skipped, then 2); after two that could not, MAX_SKIPPED at once
+    assert probes[:5] == [0, 1, 3, 6, 6 + MAX_SKIPPED + 1]
+
 
 def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
     from xpuspec.speculative.costmodel import FIRST_PAUSE_TOKENS, MAX_PAUSE_TOKENS, WINDOW_ROUNDS, CostModel
@@ -171,12 +181,12 @@ def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
         model.record(0.025, 2, 4, speculative=True)
         assert model.keep_speculating(produced=10)  # not judged before a full window
     model.record(0.025, 2, 4, speculative=True)
-    assert not model.keep_speculating(produced=10)
+    assert not model.keep_speculating(produced=10) and not model.cannot_pay  # a full accept would have paid
 
     fast = CostModel(enabled=True, costless=False)
     fast.record(0.010, 1, 0, speculative=False)
     fast.record(0.060, 1, 4, speculative=True)  # even a full accept, 5 tokens in 6 steps' time, cannot pay
-    assert not fast.keep_speculating(produced=3)  # off after one round
+    assert not fast.keep_speculating(produced=3) and fast.cannot_pay  # off after one round
 
     lookup = CostModel(enabled=True, costless=True)
     lookup.record(0.010, 1, 0, speculative=False)
@@ -203,6 +213,11 @@ def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
     assert known.plain_step() == 0.010  # the faster of the two
     known.record(0.020, 1, 4, speculative=True)
     assert known.keep_speculating(0) and known.pays()  # best case 5 tokens in 2 steps' time
+
+    # the native engine finishes sooner only when the steps it saves outweigh prefilling the context again
+    assert not known.handover_pays(remaining=60, native_step_s=0.009, prefill_s=0.3)  # saves 60 ms, costs 300
+    assert known.handover_pays(remaining=600, native_step_s=0.009, prefill_s=0.3)  # saves 600 ms
+    assert not known.handover_pays(remaining=600, native_step_s=None, prefill_s=0.3)  # engine never timed
 
     off = CostModel(enabled=False, costless=False)
     assert not off.measuring()

@@ -29,7 +29,8 @@ from transformers import GenerationConfig
 from .errors import SpeculativeConfigError
 from .generation import GenerationStats, eos_ids, logits_processor, max_new_tokens
 from .runner import Runner
-from .speculative.costmodel import CostModel, remember_plain_step, remembered_plain_step
+from .speculative.costmodel import (CostModel, remember_native_step, remember_plain_step, remembered_native_step,
+                                   remembered_plain_step)
 from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter
 from .speculative.verify import greedy_accept, rejection_sample
 
@@ -168,6 +169,8 @@ def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, 
     new, arrivals = done
     end = time.perf_counter()
     first = arrivals[0] if arrivals else end
+    if len(new) > 1:
+        remember_native_step(target, (end - first) / (len(new) - 1))
     stats = GenerationStats(prompt_tokens=len(prompt), new_tokens=len(new), ttft_s=first - start,
                             decode_s=end - first, target_forwards=len(new), prefill_s=first - start,
                             verify_s=end - first, extra={"engine": "native"})
@@ -176,7 +179,8 @@ def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, 
 
 def _loop(target, prompt, config, streamer, drafter, schedule, score, start, native):
     """The decode loop; ``native``: once the cost model switches speculation off, the target's native
-    greedy engine (if any) decodes the rest of the request."""
+    greedy engine (if any) decodes the rest of the request where the cost model finds that it saves
+    time (:meth:`CostModel.handover_pays`: the engine prefills the context again)."""
     cost = CostModel(schedule.cost_model and not target.lockstep,  # timings differ between a pipeline's ranks
                      costless=drafter is not None and drafter.costless, known_plain_s=remembered_plain_step(target))
     stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
@@ -228,7 +232,11 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
             else:
                 active = False
                 stats.extra["speculation_off_after_tokens"] = len(new)
+                if cost.cannot_pay:
+                    stats.extra["speculation_cannot_pay"] = True
                 t0 = time.perf_counter()
+                prefill = stats.prefill_s * len(context) / len(prompt)  # the engine prefills the context again
+                native = native and cost.handover_pays(limit - len(new), remembered_native_step(target), prefill)
                 rest = _run_native(target, context, limit - len(new),
                                    max(0, _min_new_tokens(config, len(prompt)) - len(new)), config, streamer) \
                     if native else None

@@ -153,7 +153,8 @@ class XpuspecModelForCausalLM:
             stats.extra["speculation_skipped"] = "the cost model switched the draft model off on the last requests"
         elif remembered:
             self._speculation_memory.record(memory_key, bool({"speculation_off_after_tokens",
-                                                              "draft_model_off_after_tokens"} & set(stats.extra)))
+                                                              "draft_model_off_after_tokens"} & set(stats.extra)),
+                                            cannot_pay=stats.extra.get("speculation_cannot_pay", False))
         if streamer is not None:
             streamer.end()
         self.last_generate_stats = stats

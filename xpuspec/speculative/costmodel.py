@@ -12,9 +12,11 @@ would not, and does not pay once a full window measured fewer tokens than plain 
 given in the same time.
 
 What happens then depends on the drafter. A model drafter is switched off for the rest of the
-request (its probe cost a draft prefill and k draft steps; the decode loop may hand the rest to
-the target's native engine); a hybrid drops its draft model and keeps its prompt lookup. A
-costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and then probed again
+request (its probe cost a draft prefill and k draft steps); a hybrid drops its draft model and keeps
+its prompt lookup. The decode loop hands the rest of a request whose speculation is off to the
+target's native engine only where that saves time (:meth:`CostModel.handover_pays`): the engine
+prefills the whole context again (0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves
+about 1 ms a step. A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and then probed again
 (whether the output copies its input changes within a request: an edit copies most of the source
 and then writes the one change). Judging lookup on a single round paused it at the first miss: on 3
 code, 3 prose and 4 edit prompts x 64 tokens x 2 (SmolLM2-135M int8, paged target) that made 296
@@ -35,6 +37,8 @@ MAX_PAUSE_TOKENS = 32
 
 #: The fastest plain step of each target's last timed request, seconds (see :func:`remembered_plain_step`).
 _PLAIN_STEP_S = weakref.WeakKeyDictionary()
+#: The mean step of each target's last request decoded by its native engine, seconds.
+_NATIVE_STEP_S = weakref.WeakKeyDictionary()
 
 
 def remembered_plain_step(target) -> Optional[float]:
@@ -47,6 +51,16 @@ def remember_plain_step(target, cost: "CostModel") -> None:
     when it made none), so that T1 follows the machine's load and the context length."""
     if cost.plain_s:
         _PLAIN_STEP_S[target] = min(cost.plain_s)
+
+
+def remember_native_step(target, seconds: float) -> None:
+    """Keep the mean decode step of a request ``target``'s native engine decoded (seconds per token)."""
+    _NATIVE_STEP_S[target] = seconds
+
+
+def remembered_native_step(target) -> Optional[float]:
+    """The native engine's step on ``target`` from an earlier request, seconds, or ``None``."""
+    return _NATIVE_STEP_S.get(target)
 
 
 class CostModel:
@@ -66,6 +80,7 @@ class CostModel:
         self.pause = 0
         self.resume_at = 0
         self.pauses = 0  # how often a costless drafter was paused
+        self.cannot_pay = False  # a model drafter was switched off because even a full accept would not pay
 
     def become_costless(self) -> None:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
@@ -82,6 +97,20 @@ class CostModel:
         known = [] if self.known_plain_s is None else [self.known_plain_s]
         return min(self.plain_s + known, default=None)
 
+    def handover_pays(self, remaining: int, native_step_s: Optional[float], prefill_s: float) -> bool:
+        """Whether the native engine would finish the request sooner than this loop's plain steps. T1 is
+        the fastest plain step and the engine's step a mean, so a close call stays in the loop.
+
+        Args:
+            remaining: tokens still to generate.
+            native_step_s: the engine's decode step, seconds (``None``: never measured, no handover).
+            prefill_s: predicted seconds for the engine to prefill the context again.
+        """
+        plain = self.plain_step()
+        if native_step_s is None or plain is None:
+            return False
+        return remaining * (plain - native_step_s) > prefill_s
+
     def paused(self, produced: int) -> bool:
         """True while a paused costless drafter waits; ``produced``: new tokens so far."""
         return produced < self.resume_at
@@ -93,16 +122,21 @@ class CostModel:
         else:
             self.plain_s.append(seconds)
 
+    def _window(self):
+        """(rounds, seconds, tokens, drafted) over the window."""
+        return (len(self.window), sum(r[0] for r in self.window), sum(r[1] for r in self.window),
+                sum(r[2] for r in self.window))
+
+    def full_accept_pays(self) -> bool:
+        """Whether the window's rounds would pay had every draft been accepted (tau = k + 1): ``False``
+        means the drafting and verifying themselves cost more than the plain steps they could replace."""
+        rounds, seconds, _, drafted = self._window()
+        return (drafted / rounds + 1) * self.plain_step() * rounds / seconds >= 1.0
+
     def pays(self) -> bool:
         """Whether the speculative rounds in the window pay, on their own measurements."""
-        plain = self.plain_step()
-        rounds = len(self.window)
-        seconds = sum(r[0] for r in self.window)
-        tokens = sum(r[1] for r in self.window)
-        drafted = sum(r[2] for r in self.window)
-        best_case = (drafted / rounds + 1) * plain * rounds / seconds
-        measured = tokens * plain / seconds
-        return best_case >= 1.0 and (rounds < WINDOW_ROUNDS or measured >= 1.0)
+        rounds, seconds, tokens, _ = self._window()
+        return self.full_accept_pays() and (rounds < WINDOW_ROUNDS or tokens * self.plain_step() / seconds >= 1.0)
 
     def keep_speculating(self, produced: int) -> bool:
         """Call after each speculative round. ``False``: switch speculation off for the rest of the
@@ -114,6 +148,7 @@ class CostModel:
                 self.pause = 0
             return True
         if not self.costless:
+            self.cannot_pay = not self.full_accept_pays()
             return False
         self.pause = min(2 * self.pause, MAX_PAUSE_TOKENS) if self.pause else FIRST_PAUSE_TOKENS
         self.resume_at = produced + self.pause

@@ -6,7 +6,9 @@ speculative rounds, and the draft's prefill. Measured on SmolLM2 int8 with the i
 (64 new tokens): 31 tokens/s against 49 plain, although speculation was off after about 6 tokens.
 So after two requests in a row whose speculation the cost model switched off, the next requests
 decode plainly, probing again after 1, 2, 4, ... up to :data:`MAX_SKIPPED` skipped requests; a probe
-in which speculation stays on resets the count.
+in which speculation stays on resets the count. Where the last two failures found that even a full accept
+would not pay (a draft as slow as the target: an INT4 copy of an INT8 model on a CPU without VNNI),
+the acceptance of later prompts cannot change that, and :data:`MAX_SKIPPED` requests are skipped at once.
 """
 
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ MAX_SKIPPED = 16
 class _Record:
     failures: int = 0  # consecutive requests whose speculation the cost model switched off
     skipped: int = 0   # requests decoded plainly since the last probe
+    cannot_pay: int = 0  # consecutive failures that found that even a full accept would not pay
 
 
 class SpeculationMemory:
@@ -35,13 +38,17 @@ class SpeculationMemory:
         record = self._records.setdefault(key, _Record())
         if record.failures < FAILURES_BEFORE_SKIPPING:
             return True
-        if record.skipped < min(2 ** (record.failures - FAILURES_BEFORE_SKIPPING), MAX_SKIPPED):
+        skips = (MAX_SKIPPED if record.cannot_pay >= FAILURES_BEFORE_SKIPPING
+                 else 2 ** (record.failures - FAILURES_BEFORE_SKIPPING))
+        if record.skipped < min(skips, MAX_SKIPPED):
             record.skipped += 1
             return False
         record.skipped = 0
         return True
 
-    def record(self, key: Hashable, switched_off: bool) -> None:
-        """Note the outcome of a request that speculated: ``switched_off`` by the cost model or not."""
+    def record(self, key: Hashable, switched_off: bool, cannot_pay: bool = False) -> None:
+        """Note the outcome of a request that speculated: ``switched_off`` by the cost model or not, and
+        whether it found that even a full accept would not pay (``cannot_pay``)."""
         record = self._records.setdefault(key, _Record())
         record.failures = record.failures + 1 if switched_off else 0
+        record.cannot_pay = record.cannot_pay + 1 if switched_off and cannot_pay else 0
