@@ -16,9 +16,9 @@ request (its probe cost a draft prefill and k draft steps); a hybrid drops its d
 its prompt lookup. The decode loop hands the rest of a request whose speculation is off to the
 target's native engine only where that saves time (:meth:`CostModel.handover_pays`): the engine
 prefills the whole context again (0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves
-about 1 ms a step. A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and then probed again
-(whether the output copies its input changes within a request: an edit copies most of the source
-and then writes the one change). Judging lookup on a single round paused it at the first miss: on 3
+about 1 ms a step. A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and
+then probed again (whether the output copies its input changes within a request: an edit copies
+most of the source and then writes the one change). Judging lookup on a single round paused it at the first miss: on 3
 code, 3 prose and 4 edit prompts x 64 tokens x 2 (SmolLM2-135M int8, paged target) that made 296
 target passes where judging over the window made 280, and lost 11% of the speed on code.
 """
