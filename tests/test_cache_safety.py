@@ -156,7 +156,16 @@ def test_sigint_during_export_leaves_nothing_and_no_lock(tiny, cold_cache, tmp_p
     assert (out / "openvino_model.xml").is_file() and read_metadata(out)[MANIFEST_KEY]
 
 
-def test_an_interrupt_swallowed_by_a_finaliser_still_stops_the_commit(tmp_path, capsys):
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler for the test: a pytest started from a non-interactive shell in the
+    background inherits an ignored SIGINT, and then ``raise_signal`` raises nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupt_swallowed_by_a_finaliser_still_stops_the_commit(tmp_path, capsys, python_sigint):
     class SwallowsCtrlC:  # a library object whose __del__ is running when Ctrl-C lands
         def __del__(self):
             signal.raise_signal(signal.SIGINT)
