@@ -181,12 +181,12 @@ def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
         model.record(0.025, 2, 4, speculative=True)
         assert model.keep_speculating(produced=10)  # not judged before a full window
     model.record(0.025, 2, 4, speculative=True)
-    assert not model.keep_speculating(produced=10) and not model.cannot_pay  # a full accept would have paid
+    assert not model.keep_speculating(produced=10) and model.full_accept_pays()  # a full accept would have paid
 
     fast = CostModel(enabled=True, costless=False)
     fast.record(0.010, 1, 0, speculative=False)
     fast.record(0.060, 1, 4, speculative=True)  # even a full accept, 5 tokens in 6 steps' time, cannot pay
-    assert not fast.keep_speculating(produced=3) and fast.cannot_pay  # off after one round
+    assert not fast.keep_speculating(produced=3) and not fast.full_accept_pays()  # off after one round
 
     lookup = CostModel(enabled=True, costless=True)
     lookup.record(0.010, 1, 0, speculative=False)

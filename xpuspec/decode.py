@@ -222,7 +222,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         if round_s is not None and not (drafts and not proposer.costless and proposer.last_round_costless()):
             cost.record(round_s, n + 1, len(drafts), speculative=bool(drafts))  # a hybrid's model: its own rounds
         if active and drafts and not cost.keep_speculating(len(new)):
-            if cost.cannot_pay:  # remembered across requests (SpeculationMemory)
+            if not cost.full_accept_pays():  # remembered across requests (SpeculationMemory)
                 stats.extra["speculation_cannot_pay"] = True
             fallback = proposer.costless_part()
             if fallback is not None:  # a hybrid drops its draft model and goes on with prompt lookup
@@ -235,8 +235,8 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
                 active = False
                 stats.extra["speculation_off_after_tokens"] = len(new)
                 t0 = time.perf_counter()
-                prefill = stats.prefill_s * len(context) / len(prompt)  # the engine prefills the context again
-                native = native and cost.handover_pays(limit - len(new), remembered_native_step(target), prefill)
+                native = native and cost.handover_pays(  # the engine prefills the context again
+                    limit - len(new), remembered_native_step(target), stats.prefill_s * len(context) / len(prompt))
                 rest = _run_native(target, context, limit - len(new),
                                    max(0, _min_new_tokens(config, len(prompt)) - len(new)), config, streamer) \
                     if native else None

@@ -18,9 +18,10 @@ target's native engine only where that saves time (:meth:`CostModel.handover_pay
 prefills the whole context again (0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves
 about 1 ms a step. A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and
 then probed again (whether the output copies its input changes within a request: an edit copies
-most of the source and then writes the one change). Judging lookup on a single round paused it at the first miss: on 3
-code, 3 prose and 4 edit prompts x 64 tokens x 2 (SmolLM2-135M int8, paged target) that made 296
-target passes where judging over the window made 280, and lost 11% of the speed on code.
+most of the source and then writes the one change). Judging lookup on a single round paused it at
+the first miss: on 3 code, 3 prose and 4 edit prompts x 64 tokens x 2 (SmolLM2-135M int8, paged
+target) that made 296 target passes where judging over the window made 280, and lost 11% of the
+speed on code.
 """
 
 import weakref
@@ -80,7 +81,6 @@ class CostModel:
         self.pause = 0
         self.resume_at = 0
         self.pauses = 0  # how often a costless drafter was paused
-        self.cannot_pay = False  # a model drafter was switched off because even a full accept would not pay
 
     def become_costless(self) -> None:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
@@ -148,7 +148,6 @@ class CostModel:
                 self.pause = 0
             return True
         if not self.costless:
-            self.cannot_pay = not self.full_accept_pays()
             return False
         self.pause = min(2 * self.pause, MAX_PAUSE_TOKENS) if self.pause else FIRST_PAUSE_TOKENS
         self.resume_at = produced + self.pause
