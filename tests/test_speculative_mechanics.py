@@ -230,3 +230,46 @@ def test_prompt_lookup_minimum_ngram():
     assert lookup.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [3, 9, 1]
     assert lookup.lookup([5, 6, 7, 8, 5], 2) == []  # only a 1-gram matches
     assert PromptLookupDrafter(3, 1).lookup([5, 6, 7, 8, 5], 2) == [6, 7]
+
+
+def test_draft_length_follows_the_measured_verify_widths():
+    from xpuspec.speculative.widths import best_draft_length, expected_tokens
+
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75) and expected_tokens(1.0, 3) == 4.0
+    smollm2 = [1.0, 1.2, 1.3, 1.5, 1.83, 2.0]  # plain steps per width 1..6, measured (widths.py docstring)
+    qwen = [1.0, 1.2, 1.33, 1.66, 2.33, 2.37]
+    # prompt lookup (no draft cost) in a copying stretch: SmolLM2 takes k=5, Qwen stops before its wide kernels
+    assert best_draft_length(0.9, 0.0, smollm2) == 5  # 4.69 tokens / 2.0 > 3.44 / 1.5
+    assert best_draft_length(0.9, 0.0, qwen) == 3  # 3.44 / 1.66 = 2.07 > 4.69 / 2.37 = 1.98
+    assert best_draft_length(0.5, 0.0, smollm2) == 2  # 1.75 / 1.3 = 1.35 > 1.875 / 1.5
+    assert best_draft_length(0.0, 0.0, qwen) == 1
+    # a draft model at 0.4 of a step per token with acceptance 0.67 (the Qwen 0.5B draft): one token
+    assert best_draft_length(0.67, 0.4, qwen) == 1  # 1.67 / 1.6 = 1.04 > 2.12 / 2.13
+
+
+def test_verify_widths_are_measured_once_and_leave_the_cache_as_it_was(tiny_pair):
+    from xpuspec.speculative.costmodel import CostModel
+    from xpuspec.speculative.widths import measure_widths
+
+    runner = tiny_pair[0].runner
+    runner.reset()
+    runner.forward([3, 4, 5, 6, 7] * 3 + [8, 9], logits_to_keep=1)
+    before = runner.forward([7])[0].clone()
+    runner.rollback(1)
+    seconds = measure_widths(runner, 7, 4)
+    assert list(seconds) == [1, 2, 3, 4] and all(s > 0 for s in seconds.values())
+    assert runner.length == 17 and torch.equal(runner.forward([7])[0], before)
+    calls = []
+    real = runner.forward
+    runner.forward = lambda *a, **k: calls.append(a) or real(*a, **k)
+    try:
+        again = measure_widths(runner, 7, 5)  # only width 5 is new
+    finally:
+        del runner.forward
+    assert [len(a[0]) for a in calls] == [5, 5] and {w: again[w] for w in seconds} == seconds
+
+    cost = CostModel(enabled=True, costless=True)
+    assert cost.acceptance() == pytest.approx(0.7) and cost.draft_step() == 0.0  # the prior before any round
+    cost.note_drafts(drafted=4, accepted=1, draft_s=0.004)  # judged: 1 accepted, 1 rejected
+    cost.note_drafts(drafted=3, accepted=3, draft_s=0.002)  # judged: 3 accepted
+    assert cost.acceptance() == pytest.approx((4 + 2.1) / (5 + 3)) and cost.draft_step() == pytest.approx(0.006 / 7)

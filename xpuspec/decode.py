@@ -33,6 +33,7 @@ from .speculative.costmodel import (CostModel, remember_native_step, remember_pl
                                    remembered_plain_step)
 from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter
 from .speculative.verify import greedy_accept, rejection_sample
+from .speculative.widths import best_draft_length, measure_widths
 
 @dataclass
 class DraftSchedule:
@@ -190,9 +191,15 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     proposer = drafter  # what drafts: the drafter, or a hybrid's prompt lookup once its draft model is dropped
     pad_to = 0  # the widest verify pass so far, when the target prefers a fixed width
     t0 = time.perf_counter()
-    rows, drafts, draft_probs, round_s = target.forward(prompt, logits_to_keep=1), [], None, None
+    rows, drafts, draft_probs, round_s, draft_s = target.forward(prompt, logits_to_keep=1), [], None, None, 0.0
     stats.prefill_s = time.perf_counter() - t0
     stats.target_forwards = 1
+    verify_s = None  # seconds of a verify pass by width (index w - 1), where the cost model chooses k
+    if cost.enabled and drafter is not None:
+        t0 = time.perf_counter()
+        widest = k + (1 if schedule.schedule == "constant" else 3)  # the heuristic's k may grow by 2
+        verify_s = list(measure_widths(target, prompt[-1], max(widest, DEFAULT_LOOKUP_TOKENS + 1)).values())
+        stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
     while limit > 0:
         scored = torch.cat([score(context + drafts[:i], rows[i:i + 1]) for i in range(len(drafts) + 1)])
         if sample:
@@ -203,6 +210,8 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         stats.drafted_tokens += len(drafts)
         stats.accepted_tokens += n
         done = False
+        if drafts:
+            cost.note_drafts(len(drafts), n, draft_s)
         for j, tok in enumerate(drafts[:n] + [token]):
             if config.output_scores:
                 scores.append(scored[j:j + 1])
@@ -247,7 +256,10 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
                     stats.extra["engine"] = "native after speculation"
                     break
         drafting = active and not cost.measuring() and not cost.paused(len(new))
-        width = min(k, limit - len(new) - 1) if drafting else 0
+        cap = None  # the draft length the measured costs favour (Leviathan et al.'s optimum, per width)
+        if verify_s is not None:
+            cap = best_draft_length(cost.acceptance(), cost.draft_step(), verify_s)
+        width = min(k, cap or k, limit - len(new) - 1) if drafting else 0
         t0 = time.perf_counter()
         drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold)
                                if width > 0 else ([], None))
@@ -255,13 +267,14 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         verify = [context[-1]] + drafts
         padding = 0
         if target.fixed_verify_width and drafts:  # one input length for all rounds with drafts
-            pad_to = max(pad_to, len(verify))
+            pad_to = max(pad_to, len(verify)) if cap is None else min(max(pad_to, len(verify)), cap + 1)
             padding = pad_to - len(verify)
         rows = target.forward(verify + [verify[-1]] * padding)[:len(verify)]
         target.rollback(padding)
         t2 = time.perf_counter()
         stats.target_forwards += 1
-        stats.draft_s += t1 - t0
+        draft_s = t1 - t0
+        stats.draft_s += draft_s
         stats.verify_s += t2 - t1
         round_s = t2 - t0
     end = time.perf_counter()

@@ -36,6 +36,10 @@ WINDOW_ROUNDS = 3
 FIRST_PAUSE_TOKENS = 2
 MAX_PAUSE_TOKENS = 32
 
+#: The acceptance rate assumed before a request has measured one, and how many drafts it weighs as.
+PRIOR_ACCEPTANCE = 0.7
+PRIOR_TRIALS = 3
+
 #: The fastest plain step of each target's last timed request, seconds (see :func:`remembered_plain_step`).
 _PLAIN_STEP_S = weakref.WeakKeyDictionary()
 #: The mean step of each target's last request decoded by its native engine, seconds.
@@ -81,6 +85,8 @@ class CostModel:
         self.pause = 0
         self.resume_at = 0
         self.pauses = 0  # how often a costless drafter was paused
+        self.accepted = self.trials = self.drafted = 0  # over this request's rounds with drafts
+        self.draft_s = 0.0
 
     def become_costless(self) -> None:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
@@ -121,6 +127,24 @@ class CostModel:
             self.window.append((seconds, tokens, drafted))
         else:
             self.plain_s.append(seconds)
+
+    def note_drafts(self, drafted: int, accepted: int, draft_s: float) -> None:
+        """Note a round with drafts (of any drafter, a hybrid's lookup too): tokens drafted and accepted,
+        and the seconds spent drafting them."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.trials += accepted + (accepted < drafted)  # drafts are judged until the first rejection
+        self.draft_s += draft_s
+
+    def acceptance(self) -> float:
+        """The request's acceptance rate a: accepted drafts over drafts judged (each round's drafts are
+        judged until the first rejection), starting from :data:`PRIOR_ACCEPTANCE` worth
+        :data:`PRIOR_TRIALS` drafts, so that one early rejection does not pin the draft length at 1."""
+        return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
+
+    def draft_step(self) -> float:
+        """Seconds per drafted token in this request (0 before any draft)."""
+        return self.draft_s / self.drafted if self.drafted else 0.0
 
     def _window(self):
         """(rounds, seconds, tokens, drafted) over the window."""

@@ -1,0 +1,87 @@
+"""Draft length from the measured cost of each verify width.
+
+A verify pass of w tokens does not cost w plain steps, nor one: on the 2-core AVX2 CPU (OpenVINO,
+paged-attention target, f32 KV cache, context 300, median of 6-16, 2026-12-01) widths 2..6 cost
+1.2 / 1.3-1.4 / 1.4-1.6 / 1.8 / 1.9-2.2 plain steps on SmolLM2-135M int8, but 1.2 / 1.4 / 1.7 /
+2.3-2.5 / 2.2-2.6 on Qwen2.5-Coder-1.5B int8, whose kernels step up after 4 tokens. A fixed draft
+length therefore fits one model and not the other: prompt lookup's k=5 (openvino_genai's) verifies
+6 tokens for 2.4 Qwen steps, where k=3 verifies 4 for 1.7 (in-process A/B on 2 code, 2 prose and 2
+edit prompts x 32 tokens: 1.09x against 1.19x plain decoding).
+
+So the first speculative request on a target times one pass of each width it may verify
+(:func:`measure_widths`, remembered per target for the process), and every round drafts at most
+:func:`best_draft_length` tokens: the k that maximizes the expected tokens per round over its cost,
+
+    E[tokens](k) = (1 - a^(k+1)) / (1 - a),      cost(k) = k * h + C(k + 1),
+
+with a the acceptance rate measured in the request, h a draft step and C(w) a w-token verify pass,
+both in plain steps (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding", eq. 1 and section 3.4, with the verify cost measured per width instead of assumed
+constant).
+"""
+
+import time
+import weakref
+from typing import Dict, Sequence
+
+#: Timed passes per width after one untimed pass (the first pass at a new width pays the backend's
+#: re-preparation); the fastest counts.
+TIMED_PASSES = 1
+
+#: Seconds per verify width of each target measured so far in this process: {width: seconds}.
+_WIDTH_S = weakref.WeakKeyDictionary()
+
+
+def measure_widths(target, token: int, max_width: int) -> Dict[int, float]:
+    """Seconds of one forward pass of each width 1..``max_width`` on ``target`` (a Runner) at its
+    current context, remembered for the target's next requests (widths measured before are not
+    measured again). Every pass is rolled back, so the KV cache ends as it began.
+
+    Args:
+        target: the target Runner, after its prefill.
+        token: the token id fed ``w`` times (its logits are not used).
+        max_width: the widest pass to time (>= 1).
+
+    Returns:
+        ``{width: seconds}`` for every width 1..max_width.
+    """
+    known = _WIDTH_S.setdefault(target, {})
+    for width in range(1, max_width + 1):
+        if width in known:
+            continue
+        times = []
+        for _ in range(1 + TIMED_PASSES):
+            t0 = time.perf_counter()
+            target.forward([token] * width)
+            times.append(time.perf_counter() - t0)
+            target.rollback(width)
+        known[width] = min(times[1:])
+    return {w: known[w] for w in range(1, max_width + 1)}
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a round with ``k`` drafts yields on average when each draft is accepted with probability
+    ``acceptance`` (independently, until the first rejection) and the verify pass adds one token."""
+    if acceptance >= 1.0:
+        return k + 1.0
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def best_draft_length(acceptance: float, draft_step: float, verify: Sequence[float]) -> int:
+    """The draft length k >= 1 with the most expected tokens per second of round.
+
+    Args:
+        acceptance: measured acceptance rate a in [0, 1].
+        draft_step: seconds to draft one token (0 for prompt lookup).
+        verify: ``verify[w - 1]`` is the seconds of a w-token pass, for w = 1..K+1 (K the longest
+            draft considered).
+
+    Returns:
+        k in 1..len(verify) - 1 (ties go to the shorter draft).
+    """
+    best, best_rate = 1, -1.0
+    for k in range(1, len(verify)):
+        rate = expected_tokens(acceptance, k) / (k * draft_step + verify[k])
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = k, rate
+    return best
