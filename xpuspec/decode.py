@@ -6,7 +6,8 @@ speculation switched off) the round has no drafts and is a plain decode step. Af
 partial accept the target's KV cache is rolled back past the rejected drafts.
 
 Adaptive draft length: the heuristic schedule (+2 after a full accept, -1 otherwise, as in
-transformers; prompt lookup keeps a constant length, as transformers' does) and a cost model
+transformers; prompt lookup keeps a constant length, as transformers' does), capped by the draft
+length the measured verify cost per width favours (:mod:`xpuspec.speculative.widths`), and a cost model
 (:mod:`xpuspec.speculative.costmodel`) that switches a draft model off for the rest of the request,
 or pauses prompt lookup, when speculation measures slower than plain decoding.
 
@@ -15,8 +16,9 @@ target's native engine where it has one (:meth:`Runner.native_greedy`; openvino_
 OpenVINO), which gives the same tokens with less per-step overhead.
 
 On a target that prefers a fixed verify width (OpenVINO, where a new input length costs 8-14 ms),
-every round with drafts feeds the widest verify input seen so far, padded with a repeated token
-whose KV slots are rolled back at once; a round without drafts is a plain one-token step.
+every round with drafts feeds the widest verify input seen so far (at most the capped draft length
+plus one), padded with a repeated token whose KV slots are rolled back at once; a round without drafts
+is a plain one-token step.
 """
 
 import time
@@ -199,7 +201,8 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         t0 = time.perf_counter()
         widest = k + (1 if schedule.schedule == "constant" else 3)  # the heuristic's k may grow by 2
         verify_s = list(measure_widths(target, prompt[-1], max(widest, DEFAULT_LOOKUP_TOKENS + 1)).values())
-        stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
+        if time.perf_counter() - t0 > 1e-3:  # measured now, not remembered from an earlier request
+            stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
     while limit > 0:
         scored = torch.cat([score(context + drafts[:i], rows[i:i + 1]) for i in range(len(drafts) + 1)])
         if sample:

@@ -45,7 +45,9 @@ class SpeculativeConfig:
         min_matching_ngram_size: shortest n-gram prompt lookup matches (default 2, as vLLM's
             ``prompt_lookup_min``; 1 proposes after any repeated token, which rarely pays).
         cost_model: switch a draft model off for the rest of a request, or pause prompt lookup, when
-            speculation measures slower than plain decoding (:mod:`xpuspec.speculative.costmodel`).
+            speculation measures slower than plain decoding (:mod:`xpuspec.speculative.costmodel`), and
+            draft at most the length the target's measured verify cost per width favours
+            (:mod:`xpuspec.speculative.widths`; measured on the first speculative request).
         overlap: draft the next block while the target verifies this one (PEARL; see
             :mod:`xpuspec.speculative.overlap`). ``None``: on when the draft model runs on a device
             none of the target's stages uses.

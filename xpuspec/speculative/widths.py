@@ -25,7 +25,8 @@ import weakref
 from typing import Dict, Sequence
 
 #: Timed passes per width after one untimed pass (the first pass at a new width pays the backend's
-#: re-preparation); the fastest counts.
+#: re-preparation); the fastest counts. Measuring widths 1..6 took 4.2 s on Qwen2.5-Coder-1.5B int8 with
+#: two timed passes, so one is timed.
 TIMED_PASSES = 1
 
 #: Seconds per verify width of each target measured so far in this process: {width: seconds}.
