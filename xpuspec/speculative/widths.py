@@ -6,7 +6,8 @@ paged-attention target, f32 KV cache, context 300, median of 6-16, 2026-12-01) w
 2.3-2.5 / 2.2-2.6 on Qwen2.5-Coder-1.5B int8, whose kernels step up after 4 tokens. A fixed draft
 length therefore fits one model and not the other: prompt lookup's k=5 (openvino_genai's) verifies
 6 tokens for 2.4 Qwen steps, where k=3 verifies 4 for 1.7 (in-process A/B on 2 code, 2 prose and 2
-edit prompts x 32 tokens: 1.09x against 1.19x plain decoding).
+edit prompts x 32 tokens: 1.09x against 1.19x plain decoding; with the cap below, 1.23x against 1.14x
+for k=5 uncapped and 1.15x for k=3, 2 repeats).
 
 So the first speculative request on a target times one pass of each width it may verify
 (:func:`measure_widths`, remembered per target for the process), and every round drafts at most
@@ -14,8 +15,8 @@ So the first speculative request on a target times one pass of each width it may
 
     E[tokens](k) = (1 - a^(k+1)) / (1 - a),      cost(k) = k * h + C(k + 1),
 
-with a the acceptance rate measured in the request, h a draft step and C(w) a w-token verify pass,
-both in plain steps (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+with a the acceptance rate measured in the request, h the seconds of a draft step and C(w) the
+seconds of a w-token verify pass (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
 Decoding", eq. 1 and section 3.4, with the verify cost measured per width instead of assumed
 constant).
 """
