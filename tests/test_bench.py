@@ -180,7 +180,7 @@ def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):
     done = _cli(f"@{ROOT / 'benchmarks' / 'ci-smoke.args'}", "--json", str(out), "--plot", str(tmp_path / "smoke.png"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = report.load(out)
-    assert [s["system"] for s in result["samples"]] == list(SYSTEMS) * 2
+    assert [s["system"] for s in result["samples"]] == [name for name in SYSTEMS for _ in range(2)]  # per system
     assert set(result["summary"]) == set(SYSTEMS)
     table_rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     idle_rows = 1 + sum(name.startswith("xpuspec") for name in SYSTEMS)  # the idle-fraction table
