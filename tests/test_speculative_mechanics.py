@@ -273,3 +273,16 @@ def test_verify_widths_are_measured_once_and_leave_the_cache_as_it_was(tiny_pair
     cost.note_drafts(drafted=4, accepted=1, draft_s=0.004)  # judged: 1 accepted, 1 rejected
     cost.note_drafts(drafted=3, accepted=3, draft_s=0.002)  # judged: 3 accepted
     assert cost.acceptance() == pytest.approx((4 + 2.1) / (5 + 3)) and cost.draft_step() == pytest.approx(0.006 / 7)
+
+
+def test_a_short_request_measures_no_wider_pass_than_it_may_verify(tmp_path):
+    """The first speculative request times verify widths only up to its max_new_tokens (a pass beyond
+    the request could pass a fixed KV-cache size), and its output stays the plain greedy one."""
+    from xpuspec.speculative.widths import _WIDTH_S
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "t", seed=3), device="cpu", backend="torch",
+                                                 speculative="prompt_lookup")
+    ids = torch.tensor([[3, 4, 5, 6, 3, 4, 5, 6, 3, 4]])
+    plain = model.generate(ids, max_new_tokens=3, do_sample=False, speculative=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=3, do_sample=False), plain)
+    assert sorted(_WIDTH_S[model.runner]) == [1, 2, 3]

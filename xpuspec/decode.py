@@ -197,10 +197,10 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     stats.prefill_s = time.perf_counter() - t0
     stats.target_forwards = 1
     verify_s = None  # seconds of a verify pass by width (index w - 1), where the cost model chooses k
-    if cost.enabled and drafter is not None:
+    if cost.enabled and drafter is not None and limit > 1:
         t0 = time.perf_counter()
-        widest = k + (1 if schedule.schedule == "constant" else 3)  # the heuristic's k may grow by 2
-        verify_s = list(measure_widths(target, prompt[-1], max(widest, DEFAULT_LOOKUP_TOKENS + 1)).values())
+        widest = max(k + (1 if schedule.schedule == "constant" else 3), DEFAULT_LOOKUP_TOKENS + 1)  # heuristic: k + 2
+        verify_s = list(measure_widths(target, prompt[-1], min(widest, limit)).values())  # no pass beyond the request
         if time.perf_counter() - t0 > 1e-3:  # measured now, not remembered from an earlier request
             stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
     while limit > 0:
