@@ -35,7 +35,7 @@ from .speculative.costmodel import (CostModel, remember_native_step, remember_pl
                                    remembered_plain_step)
 from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter
 from .speculative.verify import greedy_accept, rejection_sample
-from .speculative.widths import best_draft_length, measure_widths
+from .speculative.widths import best_draft_length, measure_widths, remembered_widths
 
 @dataclass
 class DraftSchedule:
@@ -46,7 +46,8 @@ class DraftSchedule:
         schedule: ``"heuristic"`` (+2 after a full accept, -1 otherwise, at least 1) or ``"constant"``.
         confidence_threshold: stop drafting when the draft's top probability falls below it (0: off).
         cost_model: switch a draft model off, or pause prompt lookup, when speculation measures slower
-            than plain decoding (:mod:`xpuspec.speculative.costmodel`).
+            than plain decoding (:mod:`xpuspec.speculative.costmodel`), and cap the draft length at the one
+            the target's measured verify cost per width favours (:mod:`xpuspec.speculative.widths`).
     """
 
     num_assistant_tokens: int = 4
@@ -196,13 +197,10 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     rows, drafts, draft_probs, round_s, draft_s = target.forward(prompt, logits_to_keep=1), [], None, None, 0.0
     stats.prefill_s = time.perf_counter() - t0
     stats.target_forwards = 1
-    verify_s = None  # seconds of a verify pass by width (index w - 1), where the cost model chooses k
-    if cost.enabled and drafter is not None and limit > 1:
-        t0 = time.perf_counter()
-        widest = max(k + (1 if schedule.schedule == "constant" else 3), DEFAULT_LOOKUP_TOKENS + 1)  # heuristic: k + 2
-        verify_s = list(measure_widths(target, prompt[-1], min(widest, limit)).values())  # no pass beyond the request
-        if time.perf_counter() - t0 > 1e-3:  # measured now, not remembered from an earlier request
-            stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
+    verify_s = None  # seconds of a verify pass by width (index w - 1), once the cost model has timed them
+    # the widths the cap chooses among: k0 + 1 for a constant schedule, k0 + 3 for the heuristic (+2 after a full
+    # accept), at least prompt lookup's (a hybrid goes on with lookup alone); the cap never drafts more than widest - 1
+    widest = max(k + (1 if schedule.schedule == "constant" else 3), DEFAULT_LOOKUP_TOKENS + 1)
     while limit > 0:
         scored = torch.cat([score(context + drafts[:i], rows[i:i + 1]) for i in range(len(drafts) + 1)])
         if sample:
@@ -259,10 +257,19 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
                     stats.extra["engine"] = "native after speculation"
                     break
         drafting = active and not cost.measuring() and not cost.paused(len(new))
+        room = limit - len(new) - 1  # drafts this round may hold
+        if drafting and cost.enabled and verify_s is None and room > 0:  # once, after the first token is out
+            timed = len(remembered_widths(target))
+            t0 = time.perf_counter()
+            verify_s = list(measure_widths(target, context[-1], min(widest, room + 1)).values())
+            if len(remembered_widths(target)) > timed:  # measured now, not remembered from an earlier request
+                stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
         cap = None  # the draft length the measured costs favour (Leviathan et al.'s optimum, per width)
         if verify_s is not None:
             cap = best_draft_length(cost.acceptance(), cost.draft_step(), verify_s)
-        width = min(k, cap or k, limit - len(new) - 1) if drafting else 0
+            if schedule.schedule == "heuristic":  # grow from the cap, not past it
+                k = min(k, cap)
+        width = min(k, room if cap is None else min(cap, room)) if drafting else 0
         t0 = time.perf_counter()
         drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold)
                                if width > 0 else ([], None))

@@ -16,7 +16,8 @@ request (its probe cost a draft prefill and k draft steps); a hybrid drops its d
 its prompt lookup. The decode loop hands the rest of a request whose speculation is off to the
 target's native engine only where that saves time (:meth:`CostModel.handover_pays`): the engine
 prefills the whole context again (0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves
-about 1 ms a step. A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and
+about 1 ms a step. The model also keeps the request's acceptance rate and seconds per drafted token,
+from which the decode loop caps the draft length (:mod:`xpuspec.speculative.widths`). A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and
 then probed again (whether the output copies its input changes within a request: an edit copies
 most of the source and then writes the one change). Judging lookup on a single round paused it at
 the first miss: on 3 code, 3 prose and 4 edit prompts x 64 tokens x 2 (SmolLM2-135M int8, paged
@@ -92,6 +93,8 @@ class CostModel:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
         self.costless = True
         self.window.clear()
+        self.accepted = self.trials = self.drafted = 0  # the draft model's acceptance and step say nothing of lookup
+        self.draft_s = 0.0
 
     def measuring(self) -> bool:
         """True while the first plain steps are timed (no drafting yet): only on a target not timed before."""

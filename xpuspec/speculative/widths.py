@@ -9,8 +9,9 @@ length therefore fits one model and not the other: prompt lookup's k=5 (openvino
 edit prompts x 32 tokens: 1.09x against 1.19x plain decoding; with the cap below, 1.23x against 1.14x
 for k=5 uncapped and 1.15x for k=3, 2 repeats).
 
-So the first speculative request on a target times one pass of each width it may verify
-(:func:`measure_widths`, remembered per target for the process), and every round drafts at most
+So the first speculative request on a target times one pass of each width it may verify, once its
+first token is out (:func:`measure_widths`, remembered per target for the process: a single sample per
+width, taken at that request's context), and every round drafts at most
 :func:`best_draft_length` tokens: the k that maximizes the expected tokens per round over its cost,
 
     E[tokens](k) = (1 - a^(k+1)) / (1 - a),      cost(k) = k * h + C(k + 1),
@@ -61,6 +62,11 @@ def measure_widths(target, token: int, max_width: int) -> Dict[int, float]:
     return {w: known[w] for w in range(1, max_width + 1)}
 
 
+def remembered_widths(target) -> Dict[int, float]:
+    """The widths measured on ``target`` so far in this process, ``{width: seconds}`` (a copy)."""
+    return dict(_WIDTH_S.get(target, {}))
+
+
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens a round with ``k`` drafts yields on average when each draft is accepted with probability
     ``acceptance`` (independently, until the first rejection) and the verify pass adds one token."""
@@ -83,7 +89,7 @@ def best_draft_length(acceptance: float, draft_step: float, verify: Sequence[flo
     """
     best, best_rate = 1, -1.0
     for k in range(1, len(verify)):
-        rate = expected_tokens(acceptance, k) / (k * draft_step + verify[k])
+        rate = expected_tokens(acceptance, k) / max(k * draft_step + verify[k], 1e-12)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best
