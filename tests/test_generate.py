@@ -10,9 +10,9 @@ from xpuspec import AutoModelForCausalLM
 
 from conftest import MODEL, PROMPTS
 
-#: Measured on this machine (2-core AMD EPYC, openvino 2026.4.1): int8_asym matches transformers
-#: fp32 greedy on all 32 tokens for 1 of the 4 prompts; the others diverge at near-ties
-#: (top-2 logit margins of the fp32 model 0.05, 0.15 and 0.14).
+#: Measured with openvino 2026.4.1: int8_asym matches transformers fp32 greedy on all 32 tokens for 1 of
+#: the 4 prompts on a 2-core AMD EPYC (the others diverge at near-ties: top-2 logit margins of the fp32
+#: model 0.05, 0.15 and 0.14), for 2 of 4 on a 2-core Xeon with AMX (dynamic quantization on). At least 1.
 INT8_FULL_MATCHES = 1
 NEAR_TIE = 0.5
 
@@ -45,7 +45,7 @@ def test_int8_asym_greedy_matches_transformers_fp32(ov_int8, tokenizer, hf_model
         with torch.no_grad():
             top2 = hf_model(torch.tensor([ref[:first]])).logits[0, -1].topk(2).values
         assert float(top2[0] - top2[1]) < NEAR_TIE, f"{prompt!r}: int8 diverged where fp32 was confident"
-    assert full == INT8_FULL_MATCHES
+    assert full >= INT8_FULL_MATCHES
 
 
 def test_int4_asym_is_fluent_and_agrees_on_first_tokens(smollm2_path, tokenizer, hf_model, hf_greedy):

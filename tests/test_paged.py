@@ -19,9 +19,22 @@ def paged(ov_int8):
     return ov_int8.runner
 
 
-def test_paged_logits_match_the_stateful_model(smollm2_path, tokenizer, paged):
+@pytest.fixture(scope="module")
+def exact_paged(smollm2_path):
+    """Paged, without dynamic quantization: one kernel for every pass width on every CPU (see paged.py), so
+    it steps one token at a time and openvino_genai's engine decodes for it."""
+    runner = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                                  ov_config={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}).runner
+    assert runner.single_step_width == 1
+    return runner
+
+
+def test_paged_logits_match_the_stateful_model(smollm2_path, tokenizer, exact_paged):
+    """Both without dynamic quantization (the stateful model's default): the same computation."""
+    paged = exact_paged
     sdpa = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", ov_config=SDPA)
     assert type(sdpa.runner).__name__ == "OpenVINORunner"
+    assert sdpa.runner.configs[0]["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
     ids = tokenizer(PROMPTS[2]).input_ids
     for runner in (paged, sdpa.runner):
         runner.reset()
@@ -30,6 +43,23 @@ def test_paged_logits_match_the_stateful_model(smollm2_path, tokenizer, paged):
     assert float((a - b).abs().max()) < 1e-3
     step_a, step_b = paged.forward([int(a[-1].argmax())]), sdpa.runner.forward([int(b[-1].argmax())])
     assert float((step_a - step_b).abs().max()) < 1e-3
+
+
+def test_single_steps_compute_as_a_wide_pass_does(paged, tokenizer):
+    """16 one-token passes give the logits of one 16-token pass over the same tokens: on CPUs where the
+    plugin's 1-token kernel differs (dynamic quantization on AVX512-VNNI/AMX: up to 1.03 apart) the runner
+    pads them to 2 tokens, and openvino_genai's one-token engine is then not used."""
+    ids = tokenizer(" ".join(PROMPTS)).input_ids
+    assert len(ids) > 16
+    paged.reset()
+    paged.forward(ids[:-16])
+    wide = paged.forward(ids[-16:])
+    paged.rollback(16)
+    steps = torch.cat([paged.forward([t]) for t in ids[-16:]])
+    assert paged.length == len(ids)
+    assert float((wide - steps).abs().max()) < 1e-3
+    assert (paged.native_greedy(ids, 2, 0, [], lambda t: None) is None) == (paged.single_step_width == 2)
+    paged.reset()
 
 
 def test_cache_growth_and_rollback_equal_a_fresh_forward(ov_int8, tokenizer):
@@ -56,8 +86,9 @@ def test_cache_growth_and_rollback_equal_a_fresh_forward(ov_int8, tokenizer):
     assert runner.forward(ids[:5], logits_to_keep=1).shape == (1, runner.vocab_size)
 
 
-def test_native_engine_gives_the_loops_tokens(paged, tokenizer):
+def test_native_engine_gives_the_loops_tokens(exact_paged, tokenizer):
     """openvino_genai's PA engine and xpuspec's loop over the same paged model: the same 48 tokens."""
+    paged = exact_paged
     for prompt in PROMPTS[:2]:
         ids = tokenizer(prompt).input_ids
         native = paged.native_greedy(ids, 48, 0, [], lambda t: None)  # EOS neither stops nor is masked
@@ -74,3 +105,14 @@ def test_attention_backend_option_is_checked(smollm2_path):
         AutoModelForCausalLM.from_pretrained(MODEL, device="cpu,cpu", ov_config={"ATTENTION_BACKEND": "PA"})
     with pytest.raises(ValueError, match="use 'PA'"):
         AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", ov_config={"ATTENTION_BACKEND": "paged"})
+
+
+def test_a_kv_cache_precision_the_cpu_refuses_is_named(smollm2_path):
+    """An f32 cache under bf16 inference fails to compile in OpenVINO's CPU paged attention (on a Xeon
+    with AMX, where bf16 is the plugin's default); xpuspec says so before compiling, on any CPU."""
+    with pytest.raises(ValueError, match="KV_CACHE_PRECISION='f32' needs INFERENCE_PRECISION_HINT='f32'"):
+        AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                             ov_config={"INFERENCE_PRECISION_HINT": "bf16"})
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                                 ov_config={"KV_CACHE_PRECISION": "u8"})
+    assert model.runner.configs[0]["INFERENCE_PRECISION_HINT"] == "f32"  # xpuspec's default on every CPU

@@ -25,6 +25,10 @@ class Runner(ABC):
             and its rollback of the padding is free.
         lockstep: one stage of a multi-process pipeline: every rank runs the same decode loop and
             must take the same decisions, so none may depend on timing (the cost model is off).
+        single_step_width: the width a 1-token pass runs at (padded, the padding rolled back): 2 where
+            the backend computes a 1-token pass differently from wider ones (OpenVINO CPU with dynamic
+            quantization), so that plain steps and verify passes compute alike and speculative output
+            equals plain output. A draft model sets it to 1: its numerics need not match anything.
     """
 
     device: str
@@ -35,6 +39,7 @@ class Runner(ABC):
     max_prompt_len: Optional[int] = None
     fixed_verify_width: bool = False
     lockstep: bool = False
+    single_step_width: int = 1
 
     @property
     @abstractmethod

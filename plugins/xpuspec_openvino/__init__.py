@@ -51,12 +51,21 @@ def _kind(device: str) -> str:
     return "cpu" if base in cpu_aliases() else base
 
 
-def compile_config(device: str, user_config: Optional[dict] = None) -> dict:
+def compile_config(device: str, user_config: Optional[dict] = None, paged: bool = False) -> dict:
     """OpenVINO compile properties for ``device``, overridden by ``user_config`` (optimum-intel's ``ov_config``).
 
     CPU uses an f32 KV cache: with the default u8 cache a k-token verify pass differs from
     single-token decoding at near-ties (measured, ../shared/OPENVINO-NOTES.md), at no
-    measurable speed cost for f32 at this size. With a second CPU device registered
+    measurable speed cost for f32 at this size. It also computes in f32
+    (``INFERENCE_PRECISION_HINT``): on CPUs with AVX512-BF16 or AMX the plugin's default is bf16,
+    whose paged attention refuses an f32 KV cache, and on such a CPU (Xeon with AMX, SmolLM2-135M
+    int8_asym, context 300, median of 6) f32 was also the faster: 10.6-12.6 ms a 1-token step and
+    14.4-14.7 ms a 6-token pass, against 15.3-15.5 and 21.9-22.1 ms in bf16 with a bf16 cache. On
+    AVX2-only CPUs f32 is the default already. On CPUs with AVX512-VNNI or AMX the plugin quantizes
+    activations on the fly, and a 1-token pass then computes differently from wider ones: the paged
+    runner (``paged``) pads its 1-token passes (:mod:`.paged`); the stateful model, whose padding
+    would cost dead KV slots, runs without dynamic quantization (``DYNAMIC_QUANTIZATION_GROUP_SIZE=0``;
+    its 1-token and wider passes then agree within 1e-4). With a second CPU device registered
     (``$XPUSPEC_CPU_ALIASES``) CPU pinning is off: both plugin instances would pin their threads to
     the same cores (measured on the Qwen2.5 1.5B/0.5B pair with one thread each: a target step
     took 262 ms alone and 495 ms beside the running draft when pinned, 277 ms unpinned). GPU and
@@ -66,6 +75,9 @@ def compile_config(device: str, user_config: Optional[dict] = None) -> dict:
     config = {"PERFORMANCE_HINT": "LATENCY"}
     if kind == "cpu":
         config["KV_CACHE_PRECISION"] = "f32"
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+        if not paged:
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         if cpu_aliases():  # each CPU plugin instance pins its threads from core 0, onto the same cores:
             config["ENABLE_CPU_PINNING"] = False  # (see the docstring)
     else:
@@ -146,10 +158,11 @@ class OpenVINOBackend(Backend):
 
         Raises:
             DeviceNotFoundError: an NPU among several stages (NPUW runs a whole LLM).
-            ValueError: ``split`` does not fit the stages or the model's layers.
+            ValueError: ``split`` does not fit the stages or the model's layers, or ``ov_config`` asks for a KV-cache
+                precision the CPU's paged attention refuses (:func:`.paged.check_cpu_cache_precision`).
         """
         from .ir import prepare_ir
-        from .paged import PagedRunner
+        from .paged import PagedRunner, check_cpu_cache_precision
         from .runner import OpenVINORunner
 
         devices = list(stages or [device])
@@ -160,8 +173,10 @@ class OpenVINOBackend(Backend):
         ov_config = dict(ov_config or {})
         paged = uses_paged_attention(ov_config.pop(ATTENTION_BACKEND, None), devices)
         folder = prepare_ir(source, low_bit)
-        configs = [compile_config(d, ov_config) for d in devices]
+        configs = [compile_config(d, ov_config, paged=paged) for d in devices]
         if paged:
+            if _kind(devices[0]) == "cpu":
+                check_cpu_cache_precision(self.core, devices[0], configs[0])
             return PagedRunner(self.core, folder, devices[0], configs[0])
         return OpenVINORunner(self.core, folder, devices, configs, split)
 

@@ -11,14 +11,26 @@ int64 ``[n]``; ``logits`` come out as ``[n, 1, vocab]``.
 Owning the cache buys two things a stateful model cannot give a speculative loop:
 
 * **Rollback is free and exact**: tokens past ``past_lens`` are simply overwritten by the next pass.
-* **Two compiled copies share one cache**: one runs only 1-token steps, the other every wider pass
+* **Two compiled copies share one cache**: one runs only 1-token steps (see below), the other every wider pass
   (prefill, padded verify). The CPU plugin re-prepares a model whenever its input length changes;
   alternating 1-token steps with 6-token verify passes on one model cost 23.1 and 38.0 ms against
   17.7 and 32.8 ms when each width has its own copy (SmolLM2-135M int8_asym, f32 KV cache, context
   300, 2-core AVX2 CPU, median of 20, session script). A 6-token verify then costs 1.9x a 1-token step.
 
 Measured against the stateful SDPA runner on the same IR: prompt logits agree within 3e-5, 30
-greedy steps within 5.4e-5 with no argmax flip.
+greedy steps within 5.4e-5 with no argmax flip (AVX2 CPU).
+
+**Single-token passes that compute differently.** On CPUs with AVX512-VNNI or AMX the CPU plugin
+quantizes activations of INT8/INT4 layers on the fly (``DYNAMIC_QUANTIZATION_GROUP_SIZE``, 32 by
+default), and a 1-token pass then takes another kernel than a wider one: on a Xeon with AMX
+(SmolLM2-135M int8_asym) 16 single steps differ from one 16-token pass by up to 1.03 in the logits,
+while passes of 2, 3, 4, 5, 6 and 16 tokens agree bit for bit. Without dynamic quantization all
+agree (1.2e-4), but a step costs 17-19 ms instead of 10-11 and a 6-token pass 21-22 ms instead of
+13-14. So the runner checks at load whether its 1-token pass computes like a 2-token one and, where
+it does not, runs every 1-token pass as a 2-token one (``single_step_width = 2``, the second token
+rolled back): plain steps and verify passes then compute alike, and speculative output stays the
+plain output. openvino_genai's engine steps one token at a time, so it does not decode for such a
+runner.
 """
 
 from pathlib import Path
@@ -55,6 +67,40 @@ def paged_model(model: ov.Model) -> ov.Model:
         raise ModelSourceError("OpenVINO's paged-attention transformation found no attention to convert in this "
                                "IR. Load it with ov_config={'ATTENTION_BACKEND': 'SDPA'}.")
     return keep_last_logits(model, axis=0)
+
+
+#: KV-cache precisions that the CPU plugin's paged attention takes only under the same inference
+#: precision (openvino 2026.4.1 on a Xeon with AMX: an f32 cache under bf16 inference and a bf16 cache
+#: under f32 inference fail to compile; f16 and u8 caches compile under either).
+_CACHE_NEEDS_SAME_PRECISION = ("f32", "bf16")
+_TYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "uint8": "u8"}
+
+
+def _type_name(value) -> str:
+    name = value.get_type_name() if isinstance(value, ov.Type) else str(value).lower()
+    return _TYPE_NAMES.get(name, name)
+
+
+def check_cpu_cache_precision(core: ov.Core, device: str, config: dict) -> None:
+    """Refuse, before compiling, a KV-cache precision that paged attention on CPU ``device`` (an
+    OpenVINO CPU device name) rejects under the inference precision in force: ``config``'s
+    ``INFERENCE_PRECISION_HINT``, else the plugin's default (bf16 on CPUs with AVX512-BF16 or AMX,
+    f32 elsewhere).
+
+    Raises:
+        ValueError: an f32 or bf16 ``KV_CACHE_PRECISION`` under another inference precision.
+    """
+    cache = config.get("KV_CACHE_PRECISION")
+    if cache is None or _type_name(cache) not in _CACHE_NEEDS_SAME_PRECISION:
+        return
+    hint = config.get("INFERENCE_PRECISION_HINT")
+    precision = _type_name(hint if hint is not None else core.get_property(device.upper(), "INFERENCE_PRECISION_HINT"))
+    if precision != _type_name(cache):
+        raise ValueError(
+            f"ov_config KV_CACHE_PRECISION={cache!r} needs INFERENCE_PRECISION_HINT={_type_name(cache)!r} on this CPU "
+            f"(in force: {precision!r}): OpenVINO's CPU paged attention keeps an f32 or bf16 KV cache only in its own "
+            "compute precision. Set both alike (xpuspec's default is f32 for both, which keeps speculative decoding "
+            "exact), use KV_CACHE_PRECISION 'u8' or 'f16', or ATTENTION_BACKEND='SDPA'.")
 
 
 class PagedRunner(Runner):
@@ -95,6 +141,18 @@ class PagedRunner(Runner):
         self._length = 0
         self._grow(capacity)
         self._genai = GenAIGreedy(self.folder, device.upper(), config, attention_backend="PA")
+        self.single_step_width = 2 if self._single_step_differs() else 1
+
+    def _single_step_differs(self, tolerance: float = 1e-2) -> bool:
+        """Whether two 1-token passes give other logits than one 2-token pass over the same tokens (by
+        more than ``tolerance``; differences in accumulation order stay near 1e-4). Leaves the cache empty."""
+        tokens = [i % self.vocab_size for i in range(1, 7)]
+        self.forward(tokens[:4])
+        wide = self.forward(tokens[4:])
+        self.rollback(2)
+        steps = torch.cat([self.forward(tokens[4:5]), self.forward(tokens[5:])])
+        self.reset()
+        return float((wide - steps).abs().max()) > tolerance
 
     @property
     def length(self) -> int:
@@ -125,12 +183,21 @@ class PagedRunner(Runner):
         self._blocks = blocks
 
     def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
+        keep = min(logits_to_keep or len(tokens), len(tokens))
+        padding = max(0, self.single_step_width - len(tokens))
+        if padding:  # a 1-token pass that would compute differently from wider ones (module docstring)
+            rows = self._pass(list(tokens) + [tokens[-1]] * padding, keep + padding)[:keep]
+            self._length -= padding
+            return rows
+        return self._pass(tokens, keep)
+
+    def _pass(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
+        """One inference over ``tokens``, appended to the cache; the logits of the last ``keep``."""
         n, past = len(tokens), self._length
         end = past + n
         if end > self.capacity:
             self._grow(end)
         blocks = -(-end // self.block_size)
-        keep = min(logits_to_keep or n, n)
         feed: Dict[str, np.ndarray] = {
             "input_ids": np.asarray(tokens, dtype=np.int64),
             "position_ids": np.arange(past, end, dtype=np.int64),
@@ -141,13 +208,16 @@ class PagedRunner(Runner):
             "max_context_len": np.array(end, dtype=np.int32),
             LOGITS_TO_KEEP: np.array([keep], dtype=np.int64),
         }
-        request = self._step if n == 1 else self._wide
+        request = self._step if n == self.single_step_width else self._wide
         request.infer(feed, share_inputs=True)
         self._length = end
         return torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep, -1))
 
     def native_greedy(self, prompt, max_new_tokens, min_new_tokens, eos, on_token):
-        """openvino_genai's C++ loop with its paged-attention backend on the same IR and device."""
+        """openvino_genai's C++ loop with its paged-attention backend on the same IR and device; ``None``
+        where this runner pads its 1-token passes (the engine's would compute otherwise)."""
+        if self.single_step_width > 1:
+            return None
         return self._genai.generate(prompt, max_new_tokens, min_new_tokens, eos, on_token)
 
     def rollback(self, n: int) -> None:

@@ -58,10 +58,13 @@ class Setup:
     cost_model: bool = True
 
     def ov_properties(self) -> Dict[str, str]:
-        """OpenVINO compile properties given to every OpenVINO system alike."""
+        """OpenVINO compile properties given to every OpenVINO system alike: a chosen KV-cache precision
+        comes with f32 inference (the CPU plugin's default is bf16 on CPUs with AVX512-BF16 or AMX, where
+        paged attention refuses an f32 cache and turns an f16 one into bf16)."""
         props = {"PERFORMANCE_HINT": "LATENCY"}
         if self.kv_cache_precision:
             props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+            props["INFERENCE_PRECISION_HINT"] = "f32"
         return props
 
 
@@ -332,7 +335,7 @@ class XpuspecSystem(System):
         overlap = kind == "xpuspec-overlap"
         if kind in ("xpuspec-overlap", "xpuspec-pp2"):  # only these need the second device (and unpinned threads)
             os.environ["XPUSPEC_CPU_ALIASES"] = self.SECOND_CPU
-        ov_config = {"KV_CACHE_PRECISION": self.setup.kv_cache_precision} if self.setup.kv_cache_precision else {}
+        ov_config = {k: v for k, v in self.setup.ov_properties().items() if k != "PERFORMANCE_HINT"}
         if overlap:
             ov_config["INFERENCE_NUM_THREADS"] = 1
         spec = None

@@ -100,6 +100,8 @@ def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
 def _model_drafter(target, draft, spec):
     """The draft model's drafter, overlapped with verification when ``spec.overlap`` says so or,
     by default, when the draft runs on a device that none of the target's stages uses."""
+    if draft.runner is not target.runner:  # a draft's 1-token passes need not compute as its wider ones
+        draft.runner.single_step_width = 1
     model = ModelDrafter(draft.runner, target.runner.vocab_size)
     overlap = spec.overlap if spec is not None else None
     if overlap is None:
