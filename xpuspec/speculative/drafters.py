@@ -18,9 +18,13 @@ from ..runner import Runner
 
 Score = Callable[[List[int], torch.Tensor], torch.Tensor]
 
-#: Draft length of prompt lookup alone (openvino_genai's): on SmolLM2 int8 (64 tokens, one
-#: interleaved run) k=5 gave 1.21x (edit), 1.09x (code) and 1.07x (prose) the tokens/s of k=4.
-DEFAULT_LOOKUP_TOKENS = 5
+#: The longest draft of prompt lookup alone; each round drafts at most the length the target's
+#: measured verify costs favour (:mod:`xpuspec.speculative.widths`), so on a target whose wide passes
+#: are dear it drafts fewer. On a 2-core AMD EPYC (AVX2) k=5 (openvino_genai's) gave 1.21x (edit), 1.09x
+#: (code) and 1.07x (prose) the tokens/s of k=4 on SmolLM2 int8; on a 2-core Xeon with AMX, where a
+#: 16-token pass costs 1.6 plain steps, k=10 made 112 target passes on 4 edit prompts x 64 tokens x 2
+#: against 148 for k=5, and 157.2 against 148.0 tok/s over 3 code + 3 prose + 4 edit prompts.
+DEFAULT_LOOKUP_TOKENS = 10
 
 
 class Drafter(ABC):
