@@ -182,6 +182,14 @@ def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
         assert model.keep_speculating(produced=10)  # not judged before a full window
     model.record(0.025, 2, 4, speculative=True)
     assert not model.keep_speculating(produced=10) and model.full_accept_pays()  # a full accept would have paid
+    # a window that failed, where the request's measured rates still predict a speed-up (an unlucky start)
+    assert model.keep_speculating(produced=10, predicted_speedup=1.2)
+    assert not model.keep_speculating(produced=10, predicted_speedup=1.05)
+
+    guessing = CostModel(enabled=True, costless=False)  # plain steps that carry a free guess: 1.5 tokens each
+    for tokens in (1, 2):
+        guessing.record(0.010, tokens, 0, speculative=False)
+    assert guessing.plain_step() == pytest.approx(0.010 / 1.5)
 
     fast = CostModel(enabled=True, costless=False)
     fast.record(0.010, 1, 0, speculative=False)
@@ -287,3 +295,22 @@ def test_a_short_request_measures_no_wider_pass_than_it_may_verify(tmp_path):
     plain = model.generate(ids, max_new_tokens=3, do_sample=False, speculative=False)
     assert torch.equal(model.generate(ids, max_new_tokens=3, do_sample=False), plain)
     assert sorted(_WIDTH_S[model.runner]) == [1, 2]
+
+
+def test_padded_steps_carry_a_guess_and_keep_the_output(tmp_path):
+    """A target whose 1-token steps run as 2-token passes (single_step_width 2, set by hand on a tiny torch
+    model here) gets a prompt-lookup guess in the second slot of every round without drafts: plain greedy
+    output unchanged, the guesses counted apart from drafts, none under sampling."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "t", seed=4), device="cpu", backend="torch")
+    ids = torch.tensor([[3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4]])
+    plain = model.generate(ids, max_new_tokens=24, do_sample=False)
+    assert plain.shape[1] == ids.shape[1] + 24 and "step_guesses" not in model.last_generate_stats.extra
+    model.runner.single_step_width = 2
+    assert torch.equal(model.generate(ids, max_new_tokens=24, do_sample=False), plain)
+    stats = model.last_generate_stats
+    assert stats.extra["step_guesses"] > 0 and stats.drafted_tokens == 0
+    # each accepted guess saves a pass (but one that comes with the last token)
+    assert 1 + 23 - stats.extra["step_guesses_accepted"] <= stats.target_forwards < 1 + 23
+    torch.manual_seed(0)
+    model.generate(ids, max_new_tokens=8, do_sample=True)
+    assert "step_guesses" not in model.last_generate_stats.extra

@@ -43,7 +43,7 @@ from .speculative.costmodel import (CostModel, remember_native_step, remember_pl
                                    remembered_plain_step)
 from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter, PromptLookupDrafter
 from .speculative.verify import greedy_accept, rejection_sample
-from .speculative.widths import best_draft_length, measure_widths, remembered_widths
+from .speculative.widths import best_draft_length, measure_widths, predicted_speedup, remembered_widths
 
 #: Longest n-gram a step's guess matches (down to 1): the guess costs nothing, so a 1-gram match is worth trying.
 STEP_GUESS_NGRAM = 3
@@ -213,6 +213,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     stats.prefill_s = time.perf_counter() - t0
     stats.target_forwards = 1
     verify_s = None  # seconds of a verify pass by width (index w - 1), once the cost model has timed them
+    cap = None  # the draft length the measured costs favour (Leviathan et al.'s optimum, per width)
     # the widths the cap chooses among: k0 + 1 for a constant schedule, k0 + 3 for the heuristic (+2 after a full
     # accept), at least prompt lookup's (a hybrid goes on with lookup alone); the cap never drafts more than widest - 1
     widest = max(k + (1 if schedule.schedule == "constant" else 3), DEFAULT_LOOKUP_TOKENS + 1)
@@ -251,7 +252,10 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         speculative = bool(drafts) and not guessed
         if round_s is not None and not (speculative and not proposer.costless and proposer.last_round_costless()):
             cost.record(round_s, n + 1, len(drafts), speculative=speculative)  # a hybrid's model: its own rounds
-        if active and speculative and not cost.keep_speculating(len(new)):
+        predicted = None  # what the measured rates predict for a draft model at the capped length
+        if speculative and cap is not None and not proposer.costless and cost.plain_step() is not None:
+            predicted = predicted_speedup(cost.acceptance(), cost.draft_step(), verify_s, cap, cost.plain_step())
+        if active and speculative and not cost.keep_speculating(len(new), predicted):
             if not cost.full_accept_pays():  # remembered across requests (SpeculationMemory)
                 stats.extra["speculation_cannot_pay"] = True
             fallback = proposer.costless_part()
@@ -284,7 +288,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
             verify_s = list(measure_widths(target, context[-1], min(widest, room + 1)).values())
             if len(remembered_widths(target)) > timed:  # measured now, not remembered from an earlier request
                 stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
-        cap = None  # the draft length the measured costs favour (Leviathan et al.'s optimum, per width)
+        cap = None
         if verify_s is not None:
             cap = best_draft_length(cost.acceptance(), cost.draft_step(), verify_s)
             if schedule.schedule == "heuristic":  # grow from the cap, not past it

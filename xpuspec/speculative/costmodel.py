@@ -37,6 +37,10 @@ WINDOW_ROUNDS = 3
 FIRST_PAUSE_TOKENS = 2
 MAX_PAUSE_TOKENS = 32
 
+#: The speed-up over plain decoding that the measured rates must predict for a draft model to stay on
+#: after its window failed (below it, the estimate's error could hide a loss).
+PREDICTED_SPEEDUP_TO_STAY = 1.1
+
 #: The acceptance rate assumed before a request has measured one, and how many drafts it weighs as.
 PRIOR_ACCEPTANCE = 0.7
 PRIOR_TRIALS = 3
@@ -82,6 +86,7 @@ class CostModel:
     def __init__(self, enabled: bool, costless: bool, known_plain_s: Optional[float] = None):
         self.enabled, self.costless, self.known_plain_s = enabled, costless, known_plain_s
         self.plain_s: List[float] = []  # this request's plain steps
+        self.plain_tokens = 0  # the tokens they gave (more than one a step where steps carry a free guess)
         self.window = deque(maxlen=WINDOW_ROUNDS)  # (seconds, tokens, drafted) of speculative rounds
         self.pause = 0
         self.resume_at = 0
@@ -101,10 +106,15 @@ class CostModel:
         return self.enabled and self.known_plain_s is None and len(self.plain_s) < PLAIN_WARMUP_ROUNDS
 
     def plain_step(self) -> Optional[float]:
-        """T1 in seconds: the fastest plain step of this request and the remembered one (a T1 too low makes
-        speculation look slower than it is, never faster)."""
+        """T1 in seconds per token: the fastest plain step of this request and the remembered one (a T1 too
+        low makes speculation look slower than it is, never faster), over the tokens this request's plain
+        steps gave on average (1, or more where they carry a free guess, :mod:`xpuspec.decode`: on the
+        AMX Xeon a Qwen2.5-1.5B code prompt's guesses made plain steps as good as the 0.5B draft's rounds)."""
         known = [] if self.known_plain_s is None else [self.known_plain_s]
-        return min(self.plain_s + known, default=None)
+        fastest = min(self.plain_s + known, default=None)
+        if fastest is None or not self.plain_tokens:
+            return fastest
+        return fastest * len(self.plain_s) / self.plain_tokens
 
     def handover_pays(self, remaining: int, native_step_s: Optional[float], prefill_s: float) -> bool:
         """Whether the native engine would finish the request sooner than this loop's plain steps. T1 is
@@ -130,6 +140,7 @@ class CostModel:
             self.window.append((seconds, tokens, drafted))
         else:
             self.plain_s.append(seconds)
+            self.plain_tokens += tokens
 
     def note_drafts(self, drafted: int, accepted: int, draft_s: float) -> None:
         """Note a round with drafts (of any drafter, a hybrid's lookup too): tokens drafted and accepted,
@@ -165,9 +176,13 @@ class CostModel:
         rounds, seconds, tokens, _ = self._window()
         return self.full_accept_pays() and (rounds < WINDOW_ROUNDS or tokens * self.plain_step() / seconds >= 1.0)
 
-    def keep_speculating(self, produced: int) -> bool:
+    def keep_speculating(self, produced: int, predicted_speedup: Optional[float] = None) -> bool:
         """Call after each speculative round. ``False``: switch speculation off for the rest of the
-        request. A costless drafter is paused instead (and ``True`` returned)."""
+        request. A costless drafter is paused instead (and ``True`` returned). A draft model whose
+        window did not pay stays on where ``predicted_speedup`` (the speed-up over plain decoding that
+        the request's acceptance rate, draft step and measured verify costs predict at the capped draft
+        length, :func:`xpuspec.speculative.widths.predicted_speedup`) is at least
+        :data:`PREDICTED_SPEEDUP_TO_STAY`: three rounds are few, and one unlucky start should not end it."""
         if not self.enabled or self.plain_step() is None or not self.window:
             return True
         if self.pays():
@@ -175,7 +190,8 @@ class CostModel:
                 self.pause = 0
             return True
         if not self.costless:
-            return False
+            return (predicted_speedup is not None and predicted_speedup >= PREDICTED_SPEEDUP_TO_STAY
+                    and self.full_accept_pays())
         self.pause = min(2 * self.pause, MAX_PAUSE_TOKENS) if self.pause else FIRST_PAUSE_TOKENS
         self.resume_at = produced + self.pause
         self.pauses += 1

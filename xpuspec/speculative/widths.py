@@ -75,6 +75,13 @@ def expected_tokens(acceptance: float, k: int) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
+def predicted_speedup(acceptance: float, draft_step: float, verify: Sequence[float], k: int,
+                      plain_step: float) -> float:
+    """Expected tokens per second of rounds of ``k`` drafts over those of plain steps of
+    ``plain_step`` seconds (arguments as for :func:`best_draft_length`; ``verify[k]`` is the k+1-token pass)."""
+    return expected_tokens(acceptance, k) * plain_step / max(k * draft_step + verify[k], 1e-12)
+
+
 def best_draft_length(acceptance: float, draft_step: float, verify: Sequence[float]) -> int:
     """The draft length k >= 1 with the most expected tokens per second of round.
 
