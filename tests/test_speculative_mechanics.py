@@ -174,7 +174,9 @@ def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
 
     model = CostModel(enabled=True, costless=False)
     assert model.measuring()
-    model.record(0.012, 1, 0, speculative=False)  # the first plain step pays the new input length
+    model.record(0.014, 1, 0, speculative=False)  # the first plain steps after a prefill are slow
+    model.record(0.012, 1, 0, speculative=False)
+    assert model.measuring()
     model.record(0.010, 1, 0, speculative=False)
     assert not model.measuring()
     for _ in range(WINDOW_ROUNDS - 1):  # 2 tokens per 0.025 s round: slower than 1 per 0.010 s

@@ -28,7 +28,7 @@ class Runner(ABC):
         single_step_width: the width a 1-token pass runs at (padded, the padding rolled back): 2 where
             the backend computes a 1-token pass differently from wider ones (OpenVINO CPU with dynamic
             quantization), so that plain steps and verify passes compute alike and speculative output
-            equals plain output. A draft model sets it to 1: its numerics need not match anything.
+            equals plain output. A draft model's is set to 1 when it drafts (its numerics need not match).
     """
 
     device: str

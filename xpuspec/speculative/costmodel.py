@@ -12,25 +12,30 @@ would not, and does not pay once a full window measured fewer tokens than plain 
 given in the same time.
 
 What happens then depends on the drafter. A model drafter is switched off for the rest of the
-request (its probe cost a draft prefill and k draft steps); a hybrid drops its draft model and keeps
-its prompt lookup. The decode loop hands the rest of a request whose speculation is off to the
-target's native engine only where that saves time (:meth:`CostModel.handover_pays`): the engine
-prefills the whole context again (0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves
-about 1 ms a step. The model also keeps the request's acceptance rate and seconds per drafted token,
-from which the decode loop caps the draft length (:mod:`xpuspec.speculative.widths`). A costless drafter (prompt lookup) is paused for 2, 4, 8 ... 32 new tokens and
-then probed again (whether the output copies its input changes within a request: an edit copies
-most of the source and then writes the one change). Judging lookup on a single round paused it at
-the first miss: on 3 code, 3 prose and 4 edit prompts x 64 tokens x 2 (SmolLM2-135M int8, paged
-target) that made 296 target passes where judging over the window made 280, and lost 11% of the
-speed on code.
+request (its probe cost a draft prefill and k draft steps), unless the request's acceptance rate,
+draft step and measured verify costs still predict :data:`PREDICTED_SPEEDUP_TO_STAY` at the capped
+draft length (three rounds are few: a Qwen2.5-1.5B code prompt lost its 0.5B draft after three
+rejected opening rounds); a hybrid drops its draft model and keeps its prompt lookup. The decode
+loop hands the rest of a request whose speculation is off to the target's native engine only where
+that saves time (:meth:`CostModel.handover_pays`): the engine prefills the whole context again
+(0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves about 1 ms a step. The model also
+keeps the request's acceptance rate and seconds per drafted token, from which the decode loop caps
+the draft length (:mod:`xpuspec.speculative.widths`). A costless drafter (prompt lookup) is paused
+for 2, 4, 8 ... 32 new tokens and then probed again (whether the output copies its input changes
+within a request: an edit copies most of the source and then writes the one change). Judging lookup
+on a single round paused it at the first miss: on 3 code, 3 prose and 4 edit prompts x 64 tokens x 2
+(SmolLM2-135M int8, paged target) that made 296 target passes where judging over the window made
+280, and lost 11% of the speed on code.
 """
 
 import weakref
 from collections import deque
 from typing import List, Optional
 
-#: Plain decode steps timed first, so that T1 is known before any speculative round.
-PLAIN_WARMUP_ROUNDS = 2
+#: Plain decode steps timed first, so that T1 is known before any speculative round. The first two
+#: after a prefill are slow (SmolLM2-135M int8, paged, AMX Xeon: 28 and 20 ms against 14 later; with
+#: two, T1 came out 1.5x too high and an int4 self-draft that cannot pay stayed on, 0.64x genai).
+PLAIN_WARMUP_ROUNDS = 3
 #: Speculative rounds the measured acceptance is judged over (a sliding window).
 WINDOW_ROUNDS = 3
 #: Tokens a costless drafter is paused for after its first failing probe; doubled per failure.
