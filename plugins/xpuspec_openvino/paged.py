@@ -98,7 +98,7 @@ def check_cpu_cache_precision(core: ov.Core, device: str, config: dict) -> None:
     if precision != _type_name(cache):
         raise ValueError(
             f"ov_config KV_CACHE_PRECISION={cache!r} needs INFERENCE_PRECISION_HINT={_type_name(cache)!r} on this CPU "
-            f"(in force: {precision!r}): OpenVINO's CPU paged attention keeps an f32 or bf16 KV cache only in its own "
+            f"(in force: {precision!r}; an f32 KV cache is xpuspec's default where ov_config sets none): OpenVINO's CPU paged attention keeps an f32 or bf16 KV cache only in its own "
             "compute precision. Set both alike (xpuspec's default is f32 for both, which keeps speculative decoding "
             "exact), use KV_CACHE_PRECISION 'u8' or 'f16', or ATTENTION_BACKEND='SDPA'.")
 
