@@ -96,7 +96,7 @@ def best_draft_length(acceptance: float, draft_step: float, verify: Sequence[flo
     """
     best, best_rate = 1, -1.0
     for k in range(1, len(verify)):
-        rate = expected_tokens(acceptance, k) / max(k * draft_step + verify[k], 1e-12)
+        rate = predicted_speedup(acceptance, draft_step, verify, k, plain_step=1.0)  # tokens per second of round
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best
