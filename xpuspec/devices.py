@@ -73,6 +73,11 @@ class Backend(ABC):
         each backend ignores the others'.
         """
 
+    def can_cut_head(self, device: str) -> bool:
+        """Whether :meth:`load` takes ``head_tokens`` (score only those token ids, the others' logits
+        ``-inf``: a draft's LM head cut to frequent tokens, :mod:`xpuspec.speculative.vocab`) on ``device``."""
+        return False
+
     def save_low_bit(self, runner, folder) -> None:
         """Write the runner's (compressed) weights to ``folder`` so :meth:`load` can read them back."""
         raise NotImplementedError(f"The {self.name} backend cannot save low-bit models.")

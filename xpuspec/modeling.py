@@ -3,7 +3,7 @@
 import json
 import logging
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from transformers import GenerationConfig
@@ -11,7 +11,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import METADATA_FILE, atomic_folder, read_metadata
 from .devices import resolve_device
-from .errors import LowBitConfigError, ModelSourceError, OutputExistsError
+from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .decode import decode
 from .generation import pack_output, resolve_generation_config
 from .hf_folder import check_tokenizer_files
@@ -23,6 +23,7 @@ from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, r
 from .speculative.layerskip import layer_skip_model
 from .speculative.memory import SpeculationMemory
 from .speculative.pairing import check_draft, plan_speculation
+from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
 
 log = logging.getLogger("xpuspec")
 
@@ -287,6 +288,7 @@ class AutoModelForCausalLM:
             TypeError: an unknown keyword argument.
         """
         spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
+        draft_vocab_size = kwargs.pop(_DRAFT_VOCAB_SIZE, None)  # set only where this call loads a draft model
         if kwargs:
             raise TypeError(f"from_pretrained() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
         chosen_dtype = dtype if dtype is not None else torch_dtype
@@ -310,6 +312,9 @@ class AutoModelForCausalLM:
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
         stages = dict(stages=stage_devices, split=split) if len(stage_devices) > 1 else {}
+        head = _draft_head_tokens(draft_vocab_size, chosen_backend, stage_devices[0], source)
+        if head is not None:
+            stages["head_tokens"] = head
         runner = chosen_backend.load(source, stage_devices[0], low_bit, ov_config=ov_config, **stages)
         if low_bit is None:
             low_bit = source.saved_low_bit
@@ -322,7 +327,7 @@ class AutoModelForCausalLM:
                 model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
                     _draft_source(spec, source, pretrained_model_name_or_path), device=draft_device_name,
                     load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),
-                    ov_config=ov_config,
+                    ov_config=ov_config, **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size},
                 )
                 check_draft(model, model.draft_model)
                 log.info("draft %s on %s: %.1f MiB of extra weights", model.draft_model.name_or_path,
@@ -340,6 +345,29 @@ class AutoModelForCausalLM:
         if resolve_source(path).saved_low_bit is None:
             raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no low_bit in {METADATA_FILE}).")
         return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config)
+
+
+#: from_pretrained's private keyword for a draft model's load: SpeculativeConfig.draft_vocab_size.
+_DRAFT_VOCAB_SIZE = "_draft_vocab_size"
+
+
+def _draft_head_tokens(size: Optional[int], backend, device: str, source) -> Optional[List[int]]:
+    """The token ids a draft's cut LM head scores (:mod:`xpuspec.speculative.vocab`), or ``None`` for the whole
+    vocabulary; ``size`` is ``SpeculativeConfig.draft_vocab_size``, and ``None`` for a model that is no draft.
+
+    Raises:
+        SpeculativeConfigError: a ``draft_vocab_size`` the draft's backend cannot apply on ``device``.
+    """
+    vocab = source.config.vocab_size
+    if size is None:
+        size = DEFAULT_DRAFT_VOCAB_SIZE if backend.can_cut_head(device) and vocab >= 2 * DEFAULT_DRAFT_VOCAB_SIZE else 0
+    if size == 0 or size >= vocab:
+        return None
+    if not backend.can_cut_head(device):
+        raise SpeculativeConfigError(
+            f"draft_vocab_size={size}: the {backend.name} backend cannot cut the draft's LM head on {device}. "
+            "Set draft_vocab_size=0 (the whole vocabulary), or run the draft on an OpenVINO CPU or GPU device.")
+    return frequent_tokens(source.path, size, vocab)
 
 
 def _draft_source(spec: SpeculativeConfig, source, target_name):

@@ -29,6 +29,8 @@ class Runner(ABC):
             the backend computes a 1-token pass differently from wider ones (OpenVINO CPU with dynamic
             quantization), so that plain steps and verify passes compute alike and speculative output
             equals plain output. A draft model's is set to 1 when it drafts (its numerics need not match).
+        head_tokens: the token ids a draft's cut LM head scores (int64 ``[n]``; every other logit is ``-inf``,
+            :mod:`xpuspec.speculative.vocab`), or ``None`` where the head scores the whole vocabulary.
     """
 
     device: str
@@ -40,6 +42,7 @@ class Runner(ABC):
     fixed_verify_width: bool = False
     lockstep: bool = False
     single_step_width: int = 1
+    head_tokens: Optional[torch.Tensor] = None
 
     @property
     @abstractmethod
@@ -89,3 +92,14 @@ class Runner(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Empty the KV cache."""
+
+
+def on_whole_vocabulary(rows: torch.Tensor, token_ids: Optional[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """Logits of an LM head cut to ``token_ids`` (``[k, len(token_ids)]`` float32), laid out on the whole
+    vocabulary: ``[k, vocab_size]``, ``-inf`` for every token the head does not score (so their softmax
+    probability is 0). ``token_ids=None``: ``rows`` already cover the vocabulary and come back as they are."""
+    if token_ids is None:
+        return rows
+    full = torch.full((rows.shape[0], vocab_size), float("-inf"), dtype=rows.dtype)
+    full[:, token_ids] = rows
+    return full

@@ -152,9 +152,16 @@ class OpenVINOBackend(Backend):
             aliases |= {"gpu", "gpu.0"}
         return requested in aliases
 
+    def can_cut_head(self, device: str) -> bool:
+        """CPU and GPU: the LM head's weight is cut in the graph (:func:`.graph.keep_head_rows`); the NPU's NPUW
+        pipeline builds its own head."""
+        return _kind(device) != "npu"
+
     def load(self, source, device: str, low_bit, ov_config: Optional[dict] = None,
-             stages: Optional[Sequence[str]] = None, split: Optional[Sequence[int]] = None, **_):
-        """Compile ``source`` on ``device``, or split into pipeline stages on ``stages`` (one device each).
+             stages: Optional[Sequence[str]] = None, split: Optional[Sequence[int]] = None,
+             head_tokens: Optional[Sequence[int]] = None, **_):
+        """Compile ``source`` on ``device``, or split into pipeline stages on ``stages`` (one device each);
+        ``head_tokens``: score only these token ids (see :meth:`can_cut_head`).
 
         Raises:
             DeviceNotFoundError: an NPU among several stages (NPUW runs a whole LLM).
@@ -177,8 +184,8 @@ class OpenVINOBackend(Backend):
         if paged:
             if _kind(devices[0]) == "cpu":
                 check_cpu_cache_precision(self.core, devices[0], configs[0])
-            return PagedRunner(self.core, folder, devices[0], configs[0])
-        return OpenVINORunner(self.core, folder, devices, configs, split)
+            return PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens)
+        return OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens)
 
     def save_low_bit(self, runner, folder) -> None:
         _copy_files(runner.folder, Path(folder))

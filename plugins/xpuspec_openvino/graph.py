@@ -1,6 +1,7 @@
-"""Surgery on a stateful OpenVINO LLM graph: pipeline-stage split, logits of the last positions only.
+"""Surgery on a stateful OpenVINO LLM graph: pipeline-stage split, logits of the last positions only,
+an LM head cut to some tokens.
 
-Both work on the IRs optimum-intel exports (``text-generation-with-past``), whose operation names
+All work on the IRs optimum-intel exports (``text-generation-with-past``), whose operation names
 carry the PyTorch module path (``__module.model.layers.3.self_attn/...``, weights
 ``self.model.layers.3.mlp.up_proj.weight``) and whose KV-cache variables are named
 ``past_key_values.<layer>.keypresent.<layer>.key`` / ``...value``.
@@ -18,6 +19,7 @@ the same shape.
 import re
 from typing import List, Optional, Sequence
 
+import numpy as np
 import openvino as ov
 from openvino import opset13
 
@@ -162,5 +164,73 @@ def keep_last_logits(model: ov.Model, axis: int = 1) -> ov.Model:
     axis = opset13.constant([axis], ov.Type.i64)
     head.input(0).replace_source_output(opset13.slice(hidden, start, stop, step, axis).output(0))
     model.add_parameters([keep])
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+#: Operations the LM head's weight passes through on its way to the MatMul (a plain or a compressed weight:
+#: NNCF's decompression is Convert, Subtract of the zero point, Multiply by the scale, Reshape of groups).
+_HEAD_WEIGHT_OPS = {
+    "Convert": lambda node, a: opset13.convert(a[0], node.get_output_element_type(0)),
+    "Subtract": lambda node, a: opset13.subtract(a[0], a[1], node.get_attributes()["auto_broadcast"]),
+    "Multiply": lambda node, a: opset13.multiply(a[0], a[1], node.get_attributes()["auto_broadcast"]),
+    "Reshape": lambda node, a: opset13.reshape(a[0], a[1], node.get_attributes()["special_zero"]),
+}
+
+
+def keep_head_rows(model: ov.Model, token_ids: Sequence[int]) -> ov.Model:
+    """Make the LM head score ``token_ids`` only: ``logits[..., j]`` becomes the logit of ``token_ids[j]``.
+
+    The head gets its own copy of the rows of those ids, of its weight and of the weight's decompression
+    constants (scales, zero points), so a step reads ``len(token_ids)`` rows of the head instead of the
+    whole vocabulary (FR-Spec: Zhao et al. 2025, "Accelerating Large-Vocabulary Language Models via
+    Frequency-Ranked Speculative Sampling"); a weight tied to the embedding stays whole for the embedding.
+    Changes ``model`` in place.
+
+    Args:
+        model: a stateful or paged LLM IR whose ``logits`` come from a MatMul with a ``[vocab, hidden]``
+            weight as its second input.
+        token_ids: distinct ids in ``[0, vocab)``, in the order of the new logit columns.
+
+    Raises:
+        ModelSourceError: the head is not such a MatMul, or its weight is computed by other operations than
+            NNCF's decompression or stored in fewer than 8 bits.
+        ValueError: ``token_ids`` are not distinct ids of the vocabulary.
+    """
+    head = model.output("logits").get_node().input_value(0).get_node()
+    while head.get_type_name() == "Convert":
+        head = head.input_value(0).get_node()
+    if head.get_type_name() != "MatMul" or not head.get_attributes()["transpose_b"]:
+        raise ModelSourceError("The logits do not come from a MatMul with a [vocab, hidden] weight, so the LM head "
+                               "cannot be cut to fewer tokens: load the draft with draft_vocab_size=0.")
+    vocab = head.get_output_partial_shape(0)[-1].get_length()
+    rows = np.asarray(token_ids, dtype=np.int64)
+    if len(set(rows.tolist())) != len(rows) or rows.min(initial=0) < 0 or rows.max(initial=0) >= vocab:
+        raise ValueError(f"token_ids must be distinct ids in [0, {vocab}).")
+
+    def cut(out: ov.Output) -> ov.Output:
+        node = out.get_node()
+        kind = node.get_type_name()
+        if kind == "Constant":
+            shape = list(node.get_output_shape(0))
+            if not shape or shape[0] != vocab:
+                return out  # a scalar or shared constant: used as it is
+            if node.get_output_element_type(0).bitwidth < 8:
+                raise ModelSourceError("The LM head is stored in fewer than 8 bits, which xpuspec cannot cut to "
+                                       "fewer tokens: load the draft with draft_vocab_size=0.")
+            return opset13.constant(node.get_data()[rows], node.get_output_element_type(0)).output(0)
+        if kind not in _HEAD_WEIGHT_OPS:
+            raise ModelSourceError(f"The LM head's weight passes through {kind} {node.get_friendly_name()!r}, which "
+                                   "xpuspec cannot cut to fewer tokens: load the draft with draft_vocab_size=0.")
+        inputs = [cut(i.get_source_output()) for i in node.inputs()]
+        if kind == "Reshape":  # [vocab, groups, group] -> [vocab, hidden]: the target shape names the vocabulary
+            target = inputs[1].get_node().get_data().copy()
+            target[0] = len(rows)
+            inputs[1] = opset13.constant(target, inputs[1].get_element_type()).output(0)
+        copy = _HEAD_WEIGHT_OPS[kind](node, inputs)
+        copy.set_friendly_name(node.get_friendly_name() + "/head_rows")
+        return copy.output(0)
+
+    head.input(1).replace_source_output(cut(head.input_value(1)))
     model.validate_nodes_and_infer_types()
     return model

@@ -41,10 +41,10 @@ import openvino as ov
 import torch
 
 from xpuspec.errors import ModelSourceError
-from xpuspec.runner import Runner
+from xpuspec.runner import Runner, on_whole_vocabulary
 
 from .genai_engine import GenAIGreedy
-from .graph import LOGITS_TO_KEEP, keep_last_logits, num_layers
+from .graph import LOGITS_TO_KEEP, keep_head_rows, keep_last_logits, num_layers
 from .ir import MODEL_BIN, read_ir
 
 #: Tokens the KV cache holds at first; it doubles (one copy) when a request needs more.
@@ -112,6 +112,8 @@ class PagedRunner(Runner):
         device: xpuspec device name (``"cpu"``, ``"gpu.1"``).
         config: OpenVINO compile properties (``KV_CACHE_PRECISION`` sets the cache's element type).
         capacity: tokens the KV cache holds before it first grows.
+        head_tokens: score only these token ids (a draft's LM head cut to frequent tokens,
+            :func:`.graph.keep_head_rows`); the logits of every other token are ``-inf``. ``None``: all.
 
     Raises:
         ModelSourceError: the IR is damaged or cannot take paged attention.
@@ -120,11 +122,15 @@ class PagedRunner(Runner):
     fixed_verify_width = True  # rollback of the padding is free, and the wide copy keeps one width
     attention_backend = "PA"
 
-    def __init__(self, core: ov.Core, folder: Path, device: str, config: dict, capacity: int = INITIAL_CAPACITY):
+    def __init__(self, core: ov.Core, folder: Path, device: str, config: dict, capacity: int = INITIAL_CAPACITY,
+                 head_tokens: Optional[Sequence[int]] = None):
         self.folder, self.device, self.configs = Path(folder), device, [dict(config)]
         model = read_ir(core, self.folder)
         self.num_layers = num_layers(model)
         self.vocab_size = int(model.output("logits").partial_shape[-1].get_length())
+        self.head_tokens = None if head_tokens is None else torch.as_tensor(list(head_tokens), dtype=torch.long)
+        if head_tokens is not None:
+            keep_head_rows(model, head_tokens)
         paged_model(model)
         compiled = [core.compile_model(model, device.upper(), config) for _ in range(2)]
         self._step, self._wide = (c.create_infer_request() for c in compiled)
@@ -152,7 +158,7 @@ class PagedRunner(Runner):
         self.rollback(2)
         steps = torch.cat([self.forward(tokens[4:5]), self.forward(tokens[5:])])
         self.reset()
-        return float((wide - steps).abs().max()) > tolerance
+        return float((wide - steps).nan_to_num(0.0).abs().max()) > tolerance  # -inf - -inf: a token not scored
 
     @property
     def length(self) -> int:
@@ -211,12 +217,14 @@ class PagedRunner(Runner):
         request = self._step if n == self.single_step_width else self._wide
         request.infer(feed, share_inputs=True)
         self._length = end
-        return torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep, -1))
+        rows = torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep, -1))
+        return on_whole_vocabulary(rows, self.head_tokens, self.vocab_size)
 
     def native_greedy(self, prompt, max_new_tokens, min_new_tokens, eos, on_token):
         """openvino_genai's C++ loop with its paged-attention backend on the same IR and device; ``None``
-        where this runner pads its 1-token passes (the engine's would compute otherwise)."""
-        if self.single_step_width > 1:
+        where this runner pads its 1-token passes (the engine's would compute otherwise) or scores only some
+        tokens (the engine scores all)."""
+        if self.single_step_width > 1 or self.head_tokens is not None:
             return None
         return self._genai.generate(prompt, max_new_tokens, min_new_tokens, eos, on_token)
 

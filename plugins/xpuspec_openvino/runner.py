@@ -28,11 +28,12 @@ import numpy as np
 import openvino as ov
 import torch
 
-from xpuspec.runner import Runner
+from xpuspec.runner import Runner, on_whole_vocabulary
 from xpuspec.stages import balanced_split
 
 from .genai_engine import GenAIGreedy
-from .graph import HIDDEN_IN, LOGITS_TO_KEEP, constant_bytes, keep_last_logits, layer_bytes, num_layers, split_stages
+from .graph import (HIDDEN_IN, LOGITS_TO_KEEP, constant_bytes, keep_head_rows, keep_last_logits, layer_bytes, num_layers,
+                    split_stages)
 from .ir import MODEL_BIN, read_ir
 
 SEQ_AXIS = 2
@@ -78,6 +79,8 @@ class OpenVINORunner(Runner):
         split: layers per stage; default balanced by weight bytes (:func:`balanced_stages`).
         max_dead_slots: masked-out slots tolerated before compaction (0: copy-trim on every rollback).
             IRs without an ``attention_mask`` input always copy-trim.
+        head_tokens: score only these token ids (:func:`.graph.keep_head_rows`; the others' logits are
+            ``-inf``); ``None``: all. Not on the NPU, whose NPUW pipeline builds its own LM head.
 
     Raises:
         ModelSourceError: the IR is damaged, or cannot be split (names without layer numbers).
@@ -85,7 +88,8 @@ class OpenVINORunner(Runner):
     """
 
     def __init__(self, core: ov.Core, folder: Path, devices: Sequence[str], configs: Sequence[dict],
-                 split: Optional[Sequence[int]] = None, max_dead_slots: int = MAX_DEAD_SLOTS):
+                 split: Optional[Sequence[int]] = None, max_dead_slots: int = MAX_DEAD_SLOTS,
+                 head_tokens: Optional[Sequence[int]] = None):
         self.folder = Path(folder)
         self.device = ",".join(devices)
         self.configs = [dict(c) for c in configs]
@@ -93,6 +97,9 @@ class OpenVINORunner(Runner):
         model = read_ir(core, self.folder)
         self.num_layers = num_layers(model)
         self.vocab_size = int(model.output("logits").partial_shape[-1].get_length())
+        self.head_tokens = None if head_tokens is None else torch.as_tensor(list(head_tokens), dtype=torch.long)
+        if head_tokens is not None:
+            keep_head_rows(model, head_tokens)
         if devices[0].startswith("npu"):  # NPUW_LLM compiles static prompt and response windows
             self.max_prompt_len = int(self.configs[0]["NPUW_LLM_MAX_PROMPT_LEN"])
             self.max_length = self.max_prompt_len + int(self.configs[0]["NPUW_LLM_MIN_RESPONSE_LEN"])
@@ -115,12 +122,13 @@ class OpenVINORunner(Runner):
         self.max_dead_slots = max_dead_slots if "attention_mask" in self.stages[0].inputs else 0
         self._live = np.zeros(0, dtype=np.int64)  # one entry per slot of the state tensors: 1 live, 0 dead
         self._length = 0
-        whole = len(self.stages) == 1 and not devices[0].startswith("npu")  # NPUW has its own LLM pipeline
+        # the engine runs a whole model (NPUW has its own LLM pipeline) with every token scored
+        whole = len(self.stages) == 1 and not devices[0].startswith("npu") and head_tokens is None
         self._genai = GenAIGreedy(self.folder, devices[0].upper(), self.configs[0]) if whole else None
 
     def native_greedy(self, prompt, max_new_tokens, min_new_tokens, eos, on_token):
         """openvino_genai's C++ loop on the same IR and device (see :mod:`.genai_engine`); ``None`` for
-        a model split into stages or on the NPU."""
+        a model split into stages, on the NPU, or with a cut head."""
         if self._genai is None:
             return None
         return self._genai.generate(prompt, max_new_tokens, min_new_tokens, eos, on_token)
@@ -160,7 +168,8 @@ class OpenVINORunner(Runner):
             stage.request.infer(inputs, share_inputs=True)
             hidden = stage.request.get_output_tensor(0)
         self._length += n
-        return torch.from_numpy(np.array(hidden.data[0], dtype=np.float32))
+        return on_whole_vocabulary(torch.from_numpy(np.array(hidden.data[0], dtype=np.float32)), self.head_tokens,
+                                   self.vocab_size)
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._length:

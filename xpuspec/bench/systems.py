@@ -361,6 +361,8 @@ class XpuspecSystem(System):
                                        "num_assistant_tokens": spec.draft_length}
         if self.model.draft_model is not None:
             settings["draft_ir"] = str(self.model.draft_model.runner.folder)
+            head = self.model.draft_model.runner.head_tokens
+            settings["draft_head_tokens"] = None if head is None else len(head)  # None: the whole vocabulary
         return settings
 
     def _generate(self, ids, max_new_tokens, **kwargs):

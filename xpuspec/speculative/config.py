@@ -51,6 +51,11 @@ class SpeculativeConfig:
         overlap: draft the next block while the target verifies this one (PEARL; see
             :mod:`xpuspec.speculative.overlap`). ``None``: on when the draft model runs on a device
             none of the target's stages uses.
+        draft_vocab_size: the draft model's LM head scores only this many most frequent tokens
+            (FR-Spec; :mod:`xpuspec.speculative.vocab`): a cheaper draft step, output unchanged. ``None``:
+            :data:`~xpuspec.speculative.vocab.DEFAULT_DRAFT_VOCAB_SIZE` where the draft's backend can cut
+            its head (OpenVINO on CPU and GPU) and its vocabulary is at least twice as large; ``0``: the
+            whole vocabulary.
     """
 
     mode: str = "self"
@@ -66,6 +71,7 @@ class SpeculativeConfig:
     min_matching_ngram_size: int = 2
     cost_model: bool = True
     overlap: Optional[bool] = None
+    draft_vocab_size: Optional[int] = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -82,6 +88,11 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
             raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
+        if self.draft_vocab_size is not None and (not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0):
+            raise SpeculativeConfigError(f"draft_vocab_size must be an int >= 1, 0 (the whole vocabulary) or None "
+                                         f"(the default), got {self.draft_vocab_size!r}.")
+        if self.mode == "prompt_lookup" and self.draft_vocab_size:
+            raise SpeculativeConfigError("prompt_lookup uses no draft model: drop draft_vocab_size=.")
         if self.mode == "prompt_lookup" and self.overlap:
             raise SpeculativeConfigError(
                 "overlap=True needs a draft model; prompt lookup drafts in microseconds and has nothing to "
