@@ -49,9 +49,11 @@ def broken_always_accept(drafts, draft_probs, target_probs, generator=None):
     return len(drafts), int(torch.multinomial(target_probs[len(drafts)], 1))
 
 
+@pytest.mark.parametrize("cut", [False, True])
 @pytest.mark.parametrize("rule, lossless", [(rejection_sample, True), (broken_always_accept, False)])
-def test_rejection_sampling_follows_the_target_distribution(rule, lossless):
-    """First token of a 3-token draft round: its distribution must equal p_0 whatever q is.
+def test_rejection_sampling_follows_the_target_distribution(rule, lossless, cut):
+    """First token of a 3-token draft round: its distribution must equal p_0 whatever q is, also a q that is 0
+    on half the vocabulary (``cut``: a draft head that scores only some tokens, xpuspec.speculative.vocab).
 
     TV distance between two empirical distributions of N samples over V outcomes is about
     sqrt(V / (2 pi N)) under the null; with V=8, N=20000 that is ~0.008, so 0.03 is a safe bound,
@@ -60,7 +62,10 @@ def test_rejection_sampling_follows_the_target_distribution(rule, lossless):
     gen = torch.Generator().manual_seed(0)
     vocab, trials = 8, 20000
     p = torch.softmax(torch.randn(4, vocab, generator=gen) * 2, dim=-1)
-    q = torch.softmax(torch.randn(3, vocab, generator=gen) * 2, dim=-1)
+    q_logits = torch.randn(3, vocab, generator=gen) * 2
+    if cut:
+        q_logits[:, vocab // 2:] = float("-inf")
+    q = torch.softmax(q_logits, dim=-1)
     assert _tv(p[0], q[0]) > 0.4
 
     def speculative():
@@ -255,6 +260,9 @@ def test_draft_length_follows_the_measured_verify_widths():
     assert best_draft_length(0.0, 0.0, qwen) == 1
     # a draft model at 0.4 of a step per token with acceptance 0.67 (the Qwen 0.5B draft): one token
     assert best_draft_length(0.67, 0.4, qwen) == 1  # 1.67 / 1.6 = 1.04 > 2.12 / 2.13
+    # ... but where drafts are right in runs (a_1 = 0.67, later positions 0.95), two: 2.31 / 2.13 > 1.67 / 1.6
+    assert expected_tokens([0.5, 1.0], 2) == pytest.approx(2.0) and expected_tokens([0.9] * 3, 3) == expected_tokens(0.9, 3)
+    assert best_draft_length([0.67] + [0.95] * 4, 0.4, qwen) == 2
 
 
 def test_verify_widths_are_measured_once_and_leave_the_cache_as_it_was(tiny_pair):
@@ -283,6 +291,12 @@ def test_verify_widths_are_measured_once_and_leave_the_cache_as_it_was(tiny_pair
     cost.note_drafts(drafted=4, accepted=1, draft_s=0.004)  # judged: 1 accepted, 1 rejected
     cost.note_drafts(drafted=3, accepted=3, draft_s=0.002)  # judged: 3 accepted
     assert cost.acceptance() == pytest.approx((4 + 2.1) / (5 + 3)) and cost.draft_step() == pytest.approx(0.006 / 7)
+    # per position: 1 judged 2 rounds and accepted both, 2 judged 2 and accepted 1, 3 judged 1 and accepted it;
+    # each from a prior of 3 rounds at the rate before it (0.7 at position 1), position 4 the prior alone
+    first = (2 + 2.1) / 5
+    second = (1 + 3 * first) / 5
+    third = (1 + 3 * second) / 4
+    assert cost.acceptance_by_position(4) == pytest.approx([first, second, third, third])
 
 
 def test_a_short_request_measures_no_wider_pass_than_it_may_verify(tmp_path):

@@ -47,6 +47,9 @@ from .speculative.widths import best_draft_length, measure_widths, predicted_spe
 
 #: Longest n-gram a step's guess matches (down to 1): the guess costs nothing, so a 1-gram match is worth trying.
 STEP_GUESS_NGRAM = 3
+#: Drafts past the cost model's optimum after a round that took every draft: the rates of positions never
+#: drafted are only a prior (the rate of the position before), and this measures the next one.
+DRAFTS_PAST_THE_OPTIMUM = 1
 
 
 @dataclass
@@ -254,7 +257,8 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
             cost.record(round_s, n + 1, len(drafts), speculative=speculative)  # a hybrid's model: its own rounds
         predicted = None  # what the measured rates predict for a draft model at the capped length
         if speculative and cap is not None and not proposer.costless and cost.plain_step() is not None:
-            predicted = predicted_speedup(cost.acceptance(), cost.draft_step(), verify_s, cap, cost.plain_step())
+            predicted = predicted_speedup(cost.acceptance_by_position(cap), cost.draft_step(), verify_s, cap,
+                                          cost.plain_step())
         if active and speculative and not cost.keep_speculating(len(new), predicted):
             if not cost.full_accept_pays():  # remembered across requests (SpeculationMemory)
                 stats.extra["speculation_cannot_pay"] = True
@@ -290,7 +294,9 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
                 stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
         cap = None
         if verify_s is not None:
-            cap = best_draft_length(cost.acceptance(), cost.draft_step(), verify_s)
+            longest = len(verify_s) - 1
+            cap = min(best_draft_length(cost.acceptance_by_position(longest), cost.draft_step(), verify_s)
+                      + DRAFTS_PAST_THE_OPTIMUM * (speculative and n == len(drafts)), longest)
             if schedule.schedule == "heuristic":  # grow from the cap, not past it
                 k = min(k, cap)
         width = min(k, room if cap is None else min(cap, room)) if drafting else 0

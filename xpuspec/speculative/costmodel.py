@@ -19,8 +19,8 @@ rejected opening rounds); a hybrid drops its draft model and keeps its prompt lo
 loop hands the rest of a request whose speculation is off to the target's native engine only where
 that saves time (:meth:`CostModel.handover_pays`): the engine prefills the whole context again
 (0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves about 1 ms a step. The model also
-keeps the request's acceptance rate and seconds per drafted token, from which the decode loop caps
-the draft length (:mod:`xpuspec.speculative.widths`). A costless drafter (prompt lookup) is paused
+keeps the request's acceptance rate of each draft position and seconds per drafted token, from which the
+decode loop caps the draft length (:mod:`xpuspec.speculative.widths`). A costless drafter (prompt lookup) is paused
 for 2, 4, 8 ... 32 new tokens and then probed again (whether the output copies its input changes
 within a request: an edit copies most of the source and then writes the one change). Judging lookup
 on a single round paused it at the first miss: on 3 code, 3 prose and 4 edit prompts x 64 tokens x 2
@@ -98,6 +98,8 @@ class CostModel:
         self.pauses = 0  # how often a costless drafter was paused
         self.accepted = self.trials = self.drafted = 0  # over this request's rounds with drafts
         self.draft_s = 0.0
+        self.judged: List[int] = []  # per draft position: rounds that judged a draft there
+        self.accepted_at: List[int] = []  # per draft position: rounds that accepted it
 
     def become_costless(self) -> None:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
@@ -105,6 +107,7 @@ class CostModel:
         self.window.clear()
         self.accepted = self.trials = self.drafted = 0  # the draft model's acceptance and step say nothing of lookup
         self.draft_s = 0.0
+        self.judged, self.accepted_at = [], []
 
     def measuring(self) -> bool:
         """True while the first plain steps are timed (no drafting yet): only on a target not timed before."""
@@ -152,14 +155,33 @@ class CostModel:
         and the seconds spent drafting them."""
         self.drafted += drafted
         self.accepted += accepted
-        self.trials += accepted + (accepted < drafted)  # drafts are judged until the first rejection
+        judged = accepted + (accepted < drafted)  # drafts are judged until the first rejection
+        self.trials += judged
         self.draft_s += draft_s
+        for counts, upto in ((self.judged, judged), (self.accepted_at, accepted)):
+            counts.extend([0] * (upto - len(counts)))
+            for j in range(upto):
+                counts[j] += 1
 
     def acceptance(self) -> float:
         """The request's acceptance rate a: accepted drafts over drafts judged (each round's drafts are
         judged until the first rejection), starting from :data:`PRIOR_ACCEPTANCE` worth
         :data:`PRIOR_TRIALS` drafts, so that one early rejection does not pin the draft length at 1."""
         return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
+
+    def acceptance_by_position(self, positions: int) -> List[float]:
+        """The conditional acceptance rate of draft positions 1..``positions`` in this request: at position j,
+        the rounds that accepted draft j over those that judged it (drafts 1..j-1 accepted). Each starts from a
+        prior worth :data:`PRIOR_TRIALS` rounds: :data:`PRIOR_ACCEPTANCE` at position 1, the rate of position
+        j-1 further on (a position never drafted yet gets the rate of the one before it, as in Leviathan et
+        al.'s model of one rate; :mod:`xpuspec.speculative.widths`)."""
+        rates, prior = [], PRIOR_ACCEPTANCE
+        for j in range(positions):
+            judged = self.judged[j] if j < len(self.judged) else 0
+            accepted = self.accepted_at[j] if j < len(self.accepted_at) else 0
+            prior = (accepted + prior * PRIOR_TRIALS) / (judged + PRIOR_TRIALS)
+            rates.append(prior)
+        return rates
 
     def draft_step(self) -> float:
         """Seconds per drafted token in this request (0 before any draft)."""
