@@ -43,7 +43,10 @@ def test_npu_absent_gives_a_clear_error(smollm2_path):
 
 def test_bad_cli_input_gives_one_line_errors():
     for args, phrase in [(["generate", ""], "The prompt is empty"),
-                         (["generate", "hi", "--num-assistant-tokens", "3"], "need --speculative MODE")]:
+                         (["generate", "hi", "--num-assistant-tokens", "3"], "need --speculative MODE"),
+                         (["generate", "hi", "--draft-vocab-size", "1024"], "need --speculative MODE"),
+                         (["generate", "hi", "--speculative", "hybrid", "--draft-vocab-size", "-3"],
+                          "draft_vocab_size must be an int >= 1, 0")]:
         done = _cli(*args)
         assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr
 

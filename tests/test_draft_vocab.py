@@ -74,7 +74,7 @@ def test_frequent_tokens_cover_text_better_than_the_lowest_ids(smollm2_path, tok
 
 
 def test_draft_vocab_settings_that_cannot_apply_are_refused(tmp_path, monkeypatch):
-    for bad in (-1, 2.5, "32k"):
+    for bad in (-1, 2.5, "32k", True):
         with pytest.raises(SpeculativeConfigError, match="draft_vocab_size must be an int >= 1, 0"):
             SpeculativeConfig(draft_vocab_size=bad)
     with pytest.raises(SpeculativeConfigError, match="prompt_lookup uses no draft model: drop draft_vocab_size"):

@@ -35,8 +35,10 @@ def _generate(args) -> int:
 
     if not args.prompt.strip():
         raise ValueError("The prompt is empty; give some text to continue.")
-    if args.speculative is None and (args.draft_low_bit or args.draft_device or args.num_assistant_tokens is not None):
-        raise ValueError("--draft-low-bit, --draft-device and --num-assistant-tokens need --speculative MODE.")
+    if args.speculative is None and (args.draft_low_bit or args.draft_device or args.num_assistant_tokens is not None
+                                     or args.draft_vocab_size is not None):
+        raise ValueError("--draft-low-bit, --draft-device, --num-assistant-tokens and --draft-vocab-size need "
+                         "--speculative MODE.")
     if not args.pipeline_parallel_stages:
         _refuse_torchrun_without_stages()
     main_rank = _quiet_unless_rank_0() if args.pipeline_parallel_stages else True
@@ -123,7 +125,8 @@ def _speculative(args):
         return None
     base = resolve_speculative(True if args.speculative == "self" else args.speculative,
                               draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
-    overrides = {} if args.num_assistant_tokens is None else {"num_assistant_tokens": args.num_assistant_tokens}
+    overrides = {key: value for key, value in (("num_assistant_tokens", args.num_assistant_tokens),
+                                               ("draft_vocab_size", args.draft_vocab_size)) if value is not None}
     return SpeculativeConfig(**{**base.__dict__, **overrides})
 
 
@@ -202,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="self | layer_skip | prompt_lookup | hybrid | a draft model path or name (default: plain decoding)")
     p.add_argument("--draft-low-bit", default=None, choices=FORMATS, help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
-    p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4; 5 for prompt_lookup)")
+    p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4; 10 for prompt_lookup)")
+    p.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
+                   help="the draft model scores only the N most frequent tokens (0: all; default 32768 where its "
+                        "vocabulary has 65536 or more)")
     p.add_argument("--pipeline-parallel-stages", type=int, default=None, metavar="N",
                    help="split the layers into N stages: over the devices of --device (a list such as cpu,cpux or "
                         "gpu.0,gpu.1), or under `torchrun --nproc-per-node N` one per process (torch backend)")

@@ -36,7 +36,8 @@ class SpeculativeConfig:
         skip_layers: decoder layers the layer-skip draft leaves out (default: chosen by calibration).
         draft_device: device of the draft (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
         num_assistant_tokens: initial draft length k per round; default 4 (transformers') with a draft
-            model, 5 for prompt lookup alone (openvino_genai's; a lookup draft costs nothing to make).
+            model, :data:`~xpuspec.speculative.drafters.DEFAULT_LOOKUP_TOKENS` (10) for prompt lookup alone (a
+            lookup draft costs nothing to make; each round is cut to the length the verify costs favour).
         num_assistant_tokens_schedule: ``"heuristic"`` or ``"constant"``; default ``"constant"`` for
             prompt lookup alone (as transformers' ``prompt_lookup_num_tokens``), else ``"heuristic"``.
         assistant_confidence_threshold: stop drafting below this draft top probability (0: off).
@@ -55,7 +56,8 @@ class SpeculativeConfig:
             (FR-Spec; :mod:`xpuspec.speculative.vocab`): a cheaper draft step, output unchanged. ``None``:
             :data:`~xpuspec.speculative.vocab.DEFAULT_DRAFT_VOCAB_SIZE` where the draft's backend can cut
             its head (OpenVINO on CPU and GPU) and its vocabulary is at least twice as large; ``0``: the
-            whole vocabulary.
+            whole vocabulary. It applies to the draft ``from_pretrained`` loads; an ``assistant_model``
+            given to ``generate`` keeps the head it was loaded with.
     """
 
     mode: str = "self"
@@ -88,7 +90,8 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
             raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
-        if self.draft_vocab_size is not None and (not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0):
+        size = self.draft_vocab_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
             raise SpeculativeConfigError(f"draft_vocab_size must be an int >= 1, 0 (the whole vocabulary) or None "
                                          f"(the default), got {self.draft_vocab_size!r}.")
         if self.mode == "prompt_lookup" and self.draft_vocab_size:
