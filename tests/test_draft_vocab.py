@@ -14,7 +14,7 @@ from xpuspec.speculative.vocab import frequent_tokens
 
 from conftest import MODEL, PROMPTS
 from test_speculative_greedy import ALWAYS, PROMPTS_8
-from tiny import tiny_model
+from tiny import WORDS, tiny_model
 
 KEPT = 8192
 
@@ -63,14 +63,14 @@ def test_greedy_speculation_with_a_cut_draft_is_identical(smollm2_path, tokenize
 
 
 def test_frequent_tokens_cover_text_better_than_the_lowest_ids(smollm2_path, tokenizer):
-    """pydoc_data.topics is not in the counted corpus (the standard library's .py sources): 97.4% of its
+    """pydoc_data.topics is not in the counted corpus (the standard library's other .py sources): 95.2% of its
     tokens are among the 8192 most frequent, 81.4% among ids below 8192 (SmolLM2's tokenizer)."""
     kept = frequent_tokens(smollm2_path, KEPT, 49152)
     assert len(kept) == len(set(kept)) == KEPT and kept == sorted(kept) and tokenizer.eos_token_id in kept
     ids = tokenizer("\n".join(topics.topics.values())).input_ids
     covered = sum(i in set(kept) for i in ids) / len(ids)
     lowest = sum(i < KEPT for i in ids) / len(ids)
-    assert covered > 0.96 and lowest < 0.85
+    assert covered > 0.93 and lowest < 0.85
 
 
 def test_draft_vocab_settings_that_cannot_apply_are_refused(tmp_path, monkeypatch):
@@ -88,3 +88,16 @@ def test_draft_vocab_settings_that_cannot_apply_are_refused(tmp_path, monkeypatc
         AutoModelForCausalLM.from_pretrained(tiny, device="cpu", backend="torch",
                                              speculative=SpeculativeConfig(mode="self", draft_vocab_size=8,
                                                                            draft_low_bit="fp32"))
+
+
+def test_by_default_only_a_draft_with_a_large_vocabulary_is_cut(tmp_path):
+    """A tiny model with 70000 tokens: its int8 self-draft scores the 32768 most frequent, the target itself
+    and a plain load score all of them."""
+    folder = tiny_model(tmp_path / "big", seed=1, words=WORDS + [f"v{i}" for i in range(70000 - len(WORDS))])
+    target = AutoModelForCausalLM.from_pretrained(folder, device="cpu", load_in_low_bit="fp32",
+                                                  speculative=SpeculativeConfig(mode="self", draft_low_bit="int8_asym"))
+    assert target.runner.head_tokens is None and len(target.draft_model.runner.head_tokens) == 32768
+    assert AutoModelForCausalLM.from_pretrained(folder, device="cpu", load_in_low_bit="fp32").runner.head_tokens is None
+    ids = torch.tensor([[1, 5, 6, 7]])
+    assert torch.equal(target.generate(input_ids=ids, max_new_tokens=8, do_sample=False),
+                       target.generate(input_ids=ids, max_new_tokens=8, do_sample=False, speculative=False))

@@ -330,3 +330,26 @@ def test_padded_steps_carry_a_guess_and_keep_the_output(tmp_path):
     torch.manual_seed(0)
     model.generate(ids, max_new_tokens=8, do_sample=True)
     assert "step_guesses" not in model.last_generate_stats.extra
+
+
+def test_a_draft_whose_scored_tokens_are_all_masked_drafts_nothing():
+    """A cut head (xpuspec.speculative.vocab) whose every token the processors mask (e.g. its only token is an
+    EOS before min_new_tokens): sampling drafts nothing rather than drawing from a NaN distribution."""
+    from xpuspec.runner import Runner
+    from xpuspec.speculative.drafters import ModelDrafter
+
+    class Masked(Runner):
+        device, vocab_size, weight_bytes, num_layers = "cpu", 4, 0, 1
+        length = 0
+
+        def forward(self, tokens, logits_to_keep=None):
+            return torch.full((logits_to_keep or len(tokens), 4), float("-inf"))
+
+        def rollback(self, n):
+            pass
+
+        def reset(self):
+            pass
+
+    drafter = ModelDrafter(Masked(), vocab_size=4)
+    assert drafter.propose([1, 2], 3, lambda prefix, logits: logits, sample=True) == ([], None)

@@ -17,6 +17,7 @@ def test_qwen_1_5b_target_with_0_5b_draft_is_identical():
     spec = SpeculativeConfig(mode="draft", draft=DRAFT, draft_low_bit="int4_sym", **ALWAYS)
     target = AutoModelForCausalLM.from_pretrained(TARGET, device="cpu", load_in_low_bit="int8_asym", speculative=spec)
     assert len(target.draft_model.runner.head_tokens) == 32768  # by default the draft's head scores the most frequent
+    assert target.runner.head_tokens is None  # and the target's scores every token
     tokenizer = AutoTokenizer.from_pretrained(TARGET)
     results = [audit(target, tokenizer(p, return_tensors="pt").input_ids, max_new_tokens=64) for p in PROMPTS_8]
     assert [r.status for r in results] == [IDENTICAL] * len(PROMPTS_8), [(r.first_difference, r.margin) for r in results]

@@ -288,7 +288,7 @@ class AutoModelForCausalLM:
             TypeError: an unknown keyword argument.
         """
         spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
-        draft_vocab_size = kwargs.pop(_DRAFT_VOCAB_SIZE, None)  # set only where this call loads a draft model
+        draft_vocab_size = kwargs.pop(_DRAFT_VOCAB_SIZE, 0)  # a draft's SpeculativeConfig.draft_vocab_size; 0: no draft
         if kwargs:
             raise TypeError(f"from_pretrained() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
         chosen_dtype = dtype if dtype is not None else torch_dtype
@@ -313,9 +313,14 @@ class AutoModelForCausalLM:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
         stages = dict(stages=stage_devices, split=split) if len(stage_devices) > 1 else {}
         head = _draft_head_tokens(draft_vocab_size, chosen_backend, stage_devices[0], source)
-        if head is not None:
-            stages["head_tokens"] = head
-        runner = chosen_backend.load(source, stage_devices[0], low_bit, ov_config=ov_config, **stages)
+        try:
+            runner = chosen_backend.load(source, stage_devices[0], low_bit, ov_config=ov_config, **stages,
+                                         **({} if head is None else {"head_tokens": head}))
+        except ModelSourceError as exc:
+            if head is None or draft_vocab_size is not None:  # not the default cut: the user asked for it
+                raise
+            log.info("the draft's LM head stays whole: %s", exc)
+            runner = chosen_backend.load(source, stage_devices[0], low_bit, ov_config=ov_config, **stages)
         if low_bit is None:
             low_bit = source.saved_low_bit
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
@@ -353,7 +358,8 @@ _DRAFT_VOCAB_SIZE = "_draft_vocab_size"
 
 def _draft_head_tokens(size: Optional[int], backend, device: str, source) -> Optional[List[int]]:
     """The token ids a draft's cut LM head scores (:mod:`xpuspec.speculative.vocab`), or ``None`` for the whole
-    vocabulary; ``size`` is ``SpeculativeConfig.draft_vocab_size``, and ``None`` for a model that is no draft.
+    vocabulary. ``size``: a draft's ``SpeculativeConfig.draft_vocab_size`` (``None``: the default cut, which a
+    head that cannot be cut skips with a log line), 0 for the whole vocabulary and for every model that is no draft.
 
     Raises:
         SpeculativeConfigError: a ``draft_vocab_size`` the draft's backend cannot apply on ``device``.

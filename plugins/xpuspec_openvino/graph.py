@@ -178,8 +178,8 @@ _HEAD_WEIGHT_OPS = {
 }
 
 
-def keep_head_rows(model: ov.Model, token_ids: Sequence[int]) -> ov.Model:
-    """Make the LM head score ``token_ids`` only: ``logits[..., j]`` becomes the logit of ``token_ids[j]``.
+def keep_head_rows(model: ov.Model, token_ids: Sequence[int]) -> List[int]:
+    """Make the LM head score ``token_ids`` only: ``logits[..., j]`` becomes the logit of the j-th of them.
 
     The head gets its own copy of the rows of those ids, of its weight and of the weight's decompression
     constants (scales, zero points), so a step reads ``len(token_ids)`` rows of the head instead of the
@@ -190,12 +190,16 @@ def keep_head_rows(model: ov.Model, token_ids: Sequence[int]) -> ov.Model:
     Args:
         model: a stateful or paged LLM IR whose ``logits`` come from a MatMul with a ``[vocab, hidden]``
             weight as its second input.
-        token_ids: distinct ids in ``[0, vocab)``, in the order of the new logit columns.
+        token_ids: distinct ids >= 0, in the order of the new logit columns; ids past the head's rows (a
+            config.json vocabulary larger than the IR's) are left out.
+
+    Returns:
+        The ids the head now scores, in column order.
 
     Raises:
         ModelSourceError: the head is not such a MatMul, or its weight is computed by other operations than
             NNCF's decompression or stored in fewer than 8 bits.
-        ValueError: ``token_ids`` are not distinct ids of the vocabulary.
+        ValueError: ``token_ids`` are not distinct, or negative.
     """
     head = model.output("logits").get_node().input_value(0).get_node()
     while head.get_type_name() == "Convert":
@@ -205,8 +209,9 @@ def keep_head_rows(model: ov.Model, token_ids: Sequence[int]) -> ov.Model:
                                "cannot be cut to fewer tokens: load the draft with draft_vocab_size=0.")
     vocab = head.get_output_partial_shape(0)[-1].get_length()
     rows = np.asarray(token_ids, dtype=np.int64)
-    if len(set(rows.tolist())) != len(rows) or rows.min(initial=0) < 0 or rows.max(initial=0) >= vocab:
-        raise ValueError(f"token_ids must be distinct ids in [0, {vocab}).")
+    if len(set(rows.tolist())) != len(rows) or rows.min(initial=0) < 0:
+        raise ValueError("token_ids must be distinct ids >= 0.")
+    rows = rows[rows < vocab]
 
     def cut(out: ov.Output) -> ov.Output:
         node = out.get_node()
@@ -233,4 +238,4 @@ def keep_head_rows(model: ov.Model, token_ids: Sequence[int]) -> ov.Model:
 
     head.input(1).replace_source_output(cut(head.input_value(1)))
     model.validate_nodes_and_infer_types()
-    return model
+    return rows.tolist()

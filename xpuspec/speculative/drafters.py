@@ -174,6 +174,8 @@ class ModelDrafter(Drafter):
         for i in range(k):
             scored = score(prefix, self._fit(logits))
             if need_probs:
+                if not bool(torch.isfinite(scored).any()):  # every token the draft scores is masked (a cut head)
+                    break
                 p = torch.softmax(scored, dim=-1)[0]
                 token = int(torch.multinomial(p, 1)) if sample else int(p.argmax())
                 if threshold > 0 and tokens and float(p.max()) < threshold:
