@@ -128,7 +128,8 @@ class PagedRunner(Runner):
         model = read_ir(core, self.folder)
         self.num_layers = num_layers(model)
         self.vocab_size = int(model.output("logits").partial_shape[-1].get_length())
-        self.head_tokens = None if head_tokens is None else torch.as_tensor(keep_head_rows(model, head_tokens), dtype=torch.long)
+        self.head_tokens = (None if head_tokens is None
+                            else torch.as_tensor(keep_head_rows(model, head_tokens), dtype=torch.long))
         paged_model(model)
         compiled = [core.compile_model(model, device.upper(), config) for _ in range(2)]
         self._step, self._wide = (c.create_infer_request() for c in compiled)

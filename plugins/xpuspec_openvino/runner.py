@@ -97,7 +97,8 @@ class OpenVINORunner(Runner):
         model = read_ir(core, self.folder)
         self.num_layers = num_layers(model)
         self.vocab_size = int(model.output("logits").partial_shape[-1].get_length())
-        self.head_tokens = None if head_tokens is None else torch.as_tensor(keep_head_rows(model, head_tokens), dtype=torch.long)
+        self.head_tokens = (None if head_tokens is None
+                            else torch.as_tensor(keep_head_rows(model, head_tokens), dtype=torch.long))
         if devices[0].startswith("npu"):  # NPUW_LLM compiles static prompt and response windows
             self.max_prompt_len = int(self.configs[0]["NPUW_LLM_MAX_PROMPT_LEN"])
             self.max_length = self.max_prompt_len + int(self.configs[0]["NPUW_LLM_MIN_RESPONSE_LEN"])
