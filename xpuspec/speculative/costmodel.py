@@ -96,7 +96,7 @@ class CostModel:
         self.pause = 0
         self.resume_at = 0
         self.pauses = 0  # how often a costless drafter was paused
-        self.accepted = self.trials = self.drafted = 0  # over this request's rounds with drafts
+        self.drafted = 0  # over this request's rounds with drafts
         self.draft_s = 0.0
         self.judged: List[int] = []  # per draft position: rounds that judged a draft there
         self.accepted_at: List[int] = []  # per draft position: rounds that accepted it
@@ -105,7 +105,7 @@ class CostModel:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
         self.costless = True
         self.window.clear()
-        self.accepted = self.trials = self.drafted = 0  # the draft model's acceptance and step say nothing of lookup
+        self.drafted = 0  # the draft model's acceptance and step say nothing of lookup
         self.draft_s = 0.0
         self.judged, self.accepted_at = [], []
 
@@ -154,9 +154,7 @@ class CostModel:
         """Note a round with drafts (of any drafter, a hybrid's lookup too): tokens drafted and accepted,
         and the seconds spent drafting them."""
         self.drafted += drafted
-        self.accepted += accepted
         judged = accepted + (accepted < drafted)  # drafts are judged until the first rejection
-        self.trials += judged
         self.draft_s += draft_s
         for counts, upto in ((self.judged, judged), (self.accepted_at, accepted)):
             counts.extend([0] * (upto - len(counts)))
@@ -164,10 +162,11 @@ class CostModel:
                 counts[j] += 1
 
     def acceptance(self) -> float:
-        """The request's acceptance rate a: accepted drafts over drafts judged (each round's drafts are
-        judged until the first rejection), starting from :data:`PRIOR_ACCEPTANCE` worth
-        :data:`PRIOR_TRIALS` drafts, so that one early rejection does not pin the draft length at 1."""
-        return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
+        """The request's acceptance rate a over every draft position: accepted drafts over drafts judged
+        (each round's drafts are judged until the first rejection), starting from :data:`PRIOR_ACCEPTANCE`
+        worth :data:`PRIOR_TRIALS` drafts. The draft-length cap uses the rate of each position instead
+        (:meth:`acceptance_by_position`)."""
+        return (sum(self.accepted_at) + PRIOR_ACCEPTANCE * PRIOR_TRIALS) / (sum(self.judged) + PRIOR_TRIALS)
 
     def acceptance_by_position(self, positions: int) -> List[float]:
         """The conditional acceptance rate of draft positions 1..``positions`` in this request: at position j,
