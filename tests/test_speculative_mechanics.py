@@ -174,6 +174,56 @@ def test_speculation_memory_skips_after_two_failures_and_backs_off():
     assert probes[:5] == [0, 1, 3, 6, 6 + MAX_SKIPPED + 1]
 
 
+def test_acceptance_remembered_across_requests_is_the_next_prior(tiny_pair):
+    from xpuspec.speculative.costmodel import REMEMBERED_ROUNDS, AcceptanceCounts, CostModel
+    from xpuspec.speculative.memory import DECAY, SpeculationMemory
+
+    memory, key = SpeculationMemory(), ("ModelDrafter", 1, False)
+    assert memory.acceptance(key) is None
+    memory.record(key, switched_off=False, acceptance=AcceptanceCounts([2.0, 1.0], [1.0, 0.0]))
+    memory.record(key, switched_off=False, acceptance=AcceptanceCounts([1.0], [1.0]))
+    assert memory.acceptance(key) == AcceptanceCounts([DECAY * 2 + 1, DECAY * 1], [DECAY * 1 + 1, 0.0])
+
+    # a pair that accepted 18 of 20 first drafts before opens with 3 rejections: its rate at position 1 stays
+    # (18 + 0.7 * 3) / 23 worth REMEMBERED_ROUNDS rounds, where the fixed prior (0.7 worth 3) falls to 0.35
+    remembered, fixed = CostModel(True, False, prior=AcceptanceCounts([20.0], [18.0])), CostModel(True, False)
+    for cost in (remembered, fixed):
+        for _ in range(3):
+            cost.note_drafts(drafted=4, accepted=0, draft_s=0.01)
+    before = (18 + 0.7 * 3) / 23
+    assert remembered.acceptance_by_position(2) == pytest.approx(
+        [before * REMEMBERED_ROUNDS / (3 + REMEMBERED_ROUNDS)] * 2)
+    assert fixed.acceptance_by_position(1) == pytest.approx([2.1 / 6])
+    assert remembered.counts() == AcceptanceCounts([3.0], [0.0])
+    remembered.become_costless()  # a hybrid dropped its draft model: what follows is lookup's
+    assert remembered.counts() is None and remembered.acceptance_by_position(1) == pytest.approx([0.7])
+
+
+
+def test_a_request_starts_from_the_acceptance_of_the_ones_before(tmp_path, monkeypatch):
+    import xpuspec.decode
+    from xpuspec.speculative.costmodel import CostModel
+    from xpuspec.speculative.memory import DECAY
+
+    priors = []
+    monkeypatch.setattr(xpuspec.decode, "CostModel", lambda *a, prior=None, **k: priors.append(prior) or CostModel(
+        *a, prior=prior, **k))
+    spec = SpeculativeConfig(mode="draft", draft=str(tiny_model(tmp_path / "draft", seed=2)), num_assistant_tokens=2)
+    target = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "target", seed=1), device="cpu",
+                                                  backend="torch", speculative=spec)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    target.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    first = target.last_generate_stats.acceptance_counts
+    target.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    second = target.last_generate_stats.acceptance_counts
+    assert priors[0] is None and priors[1] == first  # the first request had only the fixed prior
+    assert first.judged and all(a <= j for a, j in zip(first.accepted, first.judged))
+    memory = target._speculation_memory.acceptance(("ModelDrafter", id(None), False))
+    assert memory.judged[0] == pytest.approx(DECAY * first.judged[0] + second.judged[0])
+    target.generate(ids, max_new_tokens=8, do_sample=True, top_k=0)  # sampling keeps its own memory
+    assert priors[2] is None
+
+
 def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
     from xpuspec.speculative.costmodel import FIRST_PAUSE_TOKENS, MAX_PAUSE_TOKENS, WINDOW_ROUNDS, CostModel
 
@@ -287,10 +337,10 @@ def test_verify_widths_are_measured_once_and_leave_the_cache_as_it_was(tiny_pair
     assert [len(a[0]) for a in calls] == [5, 5] and {w: again[w] for w in seconds} == seconds
 
     cost = CostModel(enabled=True, costless=True)
-    assert cost.acceptance() == pytest.approx(0.7) and cost.draft_step() == 0.0  # the prior before any round
+    assert cost.acceptance_by_position(2) == pytest.approx([0.7, 0.7]) and cost.draft_step() == 0.0  # the prior
     cost.note_drafts(drafted=4, accepted=1, draft_s=0.004)  # judged: 1 accepted, 1 rejected
     cost.note_drafts(drafted=3, accepted=3, draft_s=0.002)  # judged: 3 accepted
-    assert cost.acceptance() == pytest.approx((4 + 2.1) / (5 + 3)) and cost.draft_step() == pytest.approx(0.006 / 7)
+    assert cost.draft_step() == pytest.approx(0.006 / 7)
     # per position: 1 judged 2 rounds and accepted both, 2 judged 2 and accepted 1, 3 judged 1 and accepted it;
     # each from a prior of 3 rounds at the rate before it (0.7 at position 1), position 4 the prior alone
     first = (2 + 2.1) / 5

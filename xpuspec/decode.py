@@ -39,8 +39,8 @@ from transformers import GenerationConfig
 from .errors import SpeculativeConfigError
 from .generation import GenerationStats, eos_ids, logits_processor, max_new_tokens
 from .runner import Runner
-from .speculative.costmodel import (CostModel, remember_native_step, remember_plain_step, remembered_native_step,
-                                   remembered_plain_step)
+from .speculative.costmodel import (AcceptanceCounts, CostModel, remember_native_step, remember_plain_step,
+                                   remembered_native_step, remembered_plain_step)
 from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter, PromptLookupDrafter
 from .speculative.verify import greedy_accept, rejection_sample
 from .speculative.widths import best_draft_length, measure_widths, predicted_speedup, remembered_widths
@@ -91,7 +91,8 @@ class DraftSchedule:
 
 
 def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer=None,
-           drafter: Optional[Drafter] = None, schedule: Optional[DraftSchedule] = None):
+           drafter: Optional[Drafter] = None, schedule: Optional[DraftSchedule] = None,
+           acceptance_prior: Optional[AcceptanceCounts] = None):
     """Generate after ``prompt`` with ``target``, speculatively when a ``drafter`` is given.
 
     Args:
@@ -101,6 +102,8 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
         streamer: a transformers streamer, or ``None``.
         drafter: proposes draft tokens; ``None`` decodes plainly.
         schedule: draft-length policy (default :class:`DraftSchedule`).
+        acceptance_prior: the drafter's rounds judged and accepted per draft position in earlier
+            requests, from which the cost model's acceptance rates start (``None``: a fixed prior).
 
     Returns:
         ``(new_tokens, scores, raw_logits, stats)``: generated ids; processed scores and raw
@@ -127,7 +130,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
         drafter.start(list(prompt), score, bool(config.do_sample), schedule.confidence_threshold)
     try:
         return _loop(target, prompt, config, streamer, drafter, schedule, score, start,
-                     native=plain_greedy)
+                     native=plain_greedy, prior=acceptance_prior)
     finally:
         if drafter is not None:
             drafter.stop()
@@ -196,12 +199,13 @@ def _native_greedy(target: Runner, prompt: List[int], config: GenerationConfig, 
     return new, [], [], stats
 
 
-def _loop(target, prompt, config, streamer, drafter, schedule, score, start, native):
+def _loop(target, prompt, config, streamer, drafter, schedule, score, start, native, prior):
     """The decode loop; ``native``: once the cost model switches speculation off, the target's native
     greedy engine (if any) decodes the rest of the request where the cost model finds that it saves
     time (:meth:`CostModel.handover_pays`: the engine prefills the context again)."""
     cost = CostModel(schedule.cost_model and not target.lockstep,  # timings differ between a pipeline's ranks
-                     costless=drafter is not None and drafter.costless, known_plain_s=remembered_plain_step(target))
+                     costless=drafter is not None and drafter.costless, known_plain_s=remembered_plain_step(target),
+                     prior=prior)
     stop, limit, sample = set(eos_ids(config)), max_new_tokens(config, len(prompt)), bool(config.do_sample)
     stats = GenerationStats(prompt_tokens=len(prompt))
     context, new, scores, raw = list(prompt), [], [], []
@@ -327,6 +331,8 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     stats.new_tokens = len(new)
     stats.ttft_s = (first or end) - start
     stats.decode_s = end - (first or end)
+    if drafter is not None:
+        stats.acceptance_counts = cost.counts()
     if cost.pauses:
         stats.extra["speculation_paused"] = cost.pauses
     if cost.enabled:

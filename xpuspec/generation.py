@@ -23,6 +23,7 @@ from transformers.generation import (
 )
 
 from .errors import GenerationConfigError
+from .speculative.costmodel import AcceptanceCounts
 
 
 #: GenerationConfig fields xpuspec does not implement; setting one away from its default raises.
@@ -59,6 +60,9 @@ class GenerationStats:
         prefill_s: seconds of the target's prefill forward.
         draft_busy_s: seconds the draft model computed; with overlapped speculation in its own
             thread, beside the target (equal to ``draft_s`` when drafting is sequential).
+        acceptance_counts: per draft position (index 0: the first draft of a round), the rounds that
+            judged a draft there and the rounds that accepted it (:class:`.speculative.costmodel.AcceptanceCounts`);
+            ``None`` for plain decoding, or where a hybrid dropped its draft model.
     """
 
     prompt_tokens: int = 0
@@ -72,6 +76,7 @@ class GenerationStats:
     verify_s: float = 0.0
     prefill_s: float = 0.0
     draft_busy_s: float = 0.0
+    acceptance_counts: Optional[AcceptanceCounts] = None
     extra: dict = field(default_factory=dict)
 
     @property

@@ -144,18 +144,22 @@ class XpuspecModelForCausalLM:
         clamp_to_context(config, input_ids.shape[1], context)
         if streamer is not None:
             streamer.put(input_ids.cpu())
-        memory_key = (type(drafter).__name__, id(assistant_model))
+        memory_key = (type(drafter).__name__, id(assistant_model), bool(config.do_sample))  # sampling accepts less
         remembered = drafter is not None and schedule.cost_model
         skipped = remembered and not self._speculation_memory.should_speculate(memory_key)
         if skipped:  # a hybrid keeps its prompt lookup
             drafter, schedule = drafter.costless_part(), schedule.for_lookup()
-        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer, drafter, schedule)
+        model_drafts = remembered and not skipped and not drafter.costless  # lookup's rates vary by prompt
+        prior = self._speculation_memory.acceptance(memory_key) if model_drafts else None
+        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer, drafter, schedule,
+                                         acceptance_prior=prior)
         if skipped:
             stats.extra["speculation_skipped"] = "the cost model switched the draft model off on the last requests"
         elif remembered:
             self._speculation_memory.record(memory_key, bool({"speculation_off_after_tokens",
                                                               "draft_model_off_after_tokens"} & set(stats.extra)),
-                                            cannot_pay=stats.extra.get("speculation_cannot_pay", False))
+                                            cannot_pay=stats.extra.get("speculation_cannot_pay", False),
+                                            acceptance=stats.acceptance_counts if model_drafts else None)
         if streamer is not None:
             streamer.end()
         self.last_generate_stats = stats

@@ -20,7 +20,10 @@ loop hands the rest of a request whose speculation is off to the target's native
 that saves time (:meth:`CostModel.handover_pays`): the engine prefills the whole context again
 (0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves about 1 ms a step. The model also
 keeps the request's acceptance rate of each draft position and seconds per drafted token, from which the
-decode loop caps the draft length (:mod:`xpuspec.speculative.widths`). A costless drafter (prompt lookup) is paused
+decode loop caps the draft length (:mod:`xpuspec.speculative.widths`); for a draft model, the rates start from
+the drafter's rates in its earlier requests (:class:`AcceptanceCounts`, kept by
+:class:`xpuspec.speculative.memory.SpeculationMemory`), so that one unlucky opening does not end a pair that
+usually pays. A costless drafter (prompt lookup) is paused
 for 2, 4, 8 ... 32 new tokens and then probed again (whether the output copies its input changes
 within a request: an edit copies most of the source and then writes the one change). Judging lookup
 on a single round paused it at the first miss: on 3 code, 3 prose and 4 edit prompts x 64 tokens x 2
@@ -30,6 +33,7 @@ on a single round paused it at the first miss: on 3 code, 3 prose and 4 edit pro
 
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from typing import List, Optional
 
 #: Plain decode steps timed first, so that T1 is known before any speculative round. The first two
@@ -49,6 +53,24 @@ PREDICTED_SPEEDUP_TO_STAY = 1.1
 #: The acceptance rate assumed before a request has measured one, and how many drafts it weighs as.
 PRIOR_ACCEPTANCE = 0.7
 PRIOR_TRIALS = 3
+
+#: The most rounds an earlier requests' rate at a draft position weighs as in a new request's prior. Measured
+#: on the Qwen2.5-Coder 1.5B target with its 0.5B int4 draft (2 code + 2 prose + 2 edit prompts x 32 tokens x 3,
+#: the memory across requests kept as in the bench, in-process A/B against the fixed prior of PRIOR_TRIALS rounds
+#: at PRIOR_ACCEPTANCE): draft mode 22.0 and 21.9 tok/s against 21.2 and 21.3; hybrid 23.6 against 21.3 in one
+#: run (the fixed prior switched its draft model off on 9 of 18 requests, this one on none), 23.0 against 23.1
+#: in another (2 against 3 switched off).
+REMEMBERED_ROUNDS = 6
+
+
+@dataclass
+class AcceptanceCounts:
+    """Rounds that judged a draft at each draft position (index 0: position 1) and rounds that accepted it;
+    floats, since :class:`xpuspec.speculative.memory.SpeculationMemory` weighs earlier requests down."""
+
+    judged: List[float]
+    accepted: List[float]
+
 
 #: The fastest plain step of each target's last timed request, seconds (see :func:`remembered_plain_step`).
 _PLAIN_STEP_S = weakref.WeakKeyDictionary()
@@ -86,10 +108,15 @@ class CostModel:
         costless: the drafter costs nothing to run (prompt lookup): pause and probe again instead of
             switching speculation off.
         known_plain_s: T1 from an earlier request on the same target, seconds; ``None`` measures it first.
+        prior: the drafter's rounds judged and accepted per draft position in earlier requests
+            (:class:`xpuspec.speculative.memory.SpeculationMemory`), the prior of
+            :meth:`acceptance_by_position`; ``None`` for the fixed prior.
     """
 
-    def __init__(self, enabled: bool, costless: bool, known_plain_s: Optional[float] = None):
+    def __init__(self, enabled: bool, costless: bool, known_plain_s: Optional[float] = None,
+                 prior: Optional[AcceptanceCounts] = None):
         self.enabled, self.costless, self.known_plain_s = enabled, costless, known_plain_s
+        self.prior, self.dropped = prior, False
         self.plain_s: List[float] = []  # this request's plain steps
         self.plain_tokens = 0  # the tokens they gave (more than one a step where steps carry a free guess)
         self.window = deque(maxlen=WINDOW_ROUNDS)  # (seconds, tokens, drafted) of speculative rounds
@@ -103,7 +130,8 @@ class CostModel:
 
     def become_costless(self) -> None:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
-        self.costless = True
+        self.costless, self.dropped = True, True
+        self.prior = None  # the draft model's, not lookup's
         self.window.clear()
         self.drafted = 0  # the draft model's acceptance and step say nothing of lookup
         self.draft_s = 0.0
@@ -161,26 +189,35 @@ class CostModel:
             for j in range(upto):
                 counts[j] += 1
 
-    def acceptance(self) -> float:
-        """The request's acceptance rate a over every draft position: accepted drafts over drafts judged
-        (each round's drafts are judged until the first rejection), starting from :data:`PRIOR_ACCEPTANCE`
-        worth :data:`PRIOR_TRIALS` drafts. The draft-length cap uses the rate of each position instead
-        (:meth:`acceptance_by_position`)."""
-        return (sum(self.accepted_at) + PRIOR_ACCEPTANCE * PRIOR_TRIALS) / (sum(self.judged) + PRIOR_TRIALS)
-
     def acceptance_by_position(self, positions: int) -> List[float]:
         """The conditional acceptance rate of draft positions 1..``positions`` in this request: at position j,
-        the rounds that accepted draft j over those that judged it (drafts 1..j-1 accepted). Each starts from a
-        prior worth :data:`PRIOR_TRIALS` rounds: :data:`PRIOR_ACCEPTANCE` at position 1, the rate of position
-        j-1 further on (a position never drafted yet gets the rate of the one before it, as in Leviathan et
-        al.'s model of one rate; :mod:`xpuspec.speculative.widths`)."""
+        the rounds that accepted draft j over those that judged it (drafts 1..j-1 accepted), each starting from
+        a prior. Without :attr:`prior` (a drafter's first request) the prior is worth :data:`PRIOR_TRIALS`
+        rounds: :data:`PRIOR_ACCEPTANCE` at position 1, the rate of position j-1 further on (a position never
+        drafted yet gets the rate of the one before it, as in Leviathan et al.'s model of one rate;
+        :mod:`xpuspec.speculative.widths`). With it, the prior of position j is the earlier requests' rate
+        there (:class:`AcceptanceCounts`, itself from a prior of :data:`PRIOR_TRIALS` rounds at the rate
+        before it), worth the rounds that measured it, at most :data:`REMEMBERED_ROUNDS`."""
         rates, prior = [], PRIOR_ACCEPTANCE
         for j in range(positions):
+            weight = PRIOR_TRIALS
+            if self.prior is not None and j < len(self.prior.judged) and self.prior.judged[j] > 0:
+                before = self.prior.accepted[j] if j < len(self.prior.accepted) else 0.0
+                prior = (before + prior * PRIOR_TRIALS) / (self.prior.judged[j] + PRIOR_TRIALS)
+                weight = min(self.prior.judged[j], REMEMBERED_ROUNDS)
             judged = self.judged[j] if j < len(self.judged) else 0
             accepted = self.accepted_at[j] if j < len(self.accepted_at) else 0
-            prior = (accepted + prior * PRIOR_TRIALS) / (judged + PRIOR_TRIALS)
+            prior = (accepted + prior * weight) / (judged + weight)
             rates.append(prior)
         return rates
+
+    def counts(self) -> Optional[AcceptanceCounts]:
+        """This request's rounds judged and accepted per draft position; ``None`` once a hybrid dropped its
+        draft model (the counts since are its prompt lookup's)."""
+        if self.dropped:
+            return None
+        accepted = self.accepted_at + [0] * (len(self.judged) - len(self.accepted_at))
+        return AcceptanceCounts(list(map(float, self.judged)), list(map(float, accepted)))
 
     def draft_step(self) -> float:
         """Seconds per drafted token in this request (0 before any draft)."""

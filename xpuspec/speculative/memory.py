@@ -9,15 +9,25 @@ decode plainly, probing again after 1, 2, 4, ... up to :data:`MAX_SKIPPED` skipp
 in which speculation stays on resets the count. Where the last two failures found that even a full accept
 would not pay (a draft as slow as the target: an INT4 copy of an INT8 model on a CPU without VNNI),
 the acceptance of later prompts cannot change that, and :data:`MAX_SKIPPED` requests are skipped at once.
+
+The memory also keeps each drafter's acceptance per draft position over its earlier requests (each new
+request halves the weight of the ones before, :data:`DECAY`): the prior from which the next request's
+cost model starts (:class:`xpuspec.speculative.costmodel.CostModel`). A pair's acceptance is a property
+of the pair more than of one prompt, and with a fixed prior three rejected opening rounds were enough to
+switch a draft model off that the rest of the request would have used well.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Hashable
+from typing import Dict, Hashable, Optional
+
+from .costmodel import AcceptanceCounts
 
 #: Requests in a row that must measure speculation slower before later requests skip it.
 FAILURES_BEFORE_SKIPPING = 2
 #: The most requests skipped between two probes.
 MAX_SKIPPED = 16
+#: The weight each new request leaves to the acceptance counts of the requests before it.
+DECAY = 0.5
 
 
 @dataclass
@@ -25,6 +35,7 @@ class _Record:
     failures: int = 0  # consecutive requests whose speculation the cost model switched off
     skipped: int = 0   # requests decoded plainly since the last probe
     cannot_pay: int = 0  # consecutive failures that found that even a full accept would not pay
+    acceptance: Optional[AcceptanceCounts] = None  # per draft position, earlier requests weighed down
 
 
 class SpeculationMemory:
@@ -46,9 +57,30 @@ class SpeculationMemory:
         record.skipped = 0
         return True
 
-    def record(self, key: Hashable, switched_off: bool, cannot_pay: bool = False) -> None:
-        """Note the outcome of a request that speculated: ``switched_off`` by the cost model or not, and
-        whether it found that even a full accept would not pay (``cannot_pay``)."""
+    def acceptance(self, key: Hashable) -> Optional[AcceptanceCounts]:
+        """The drafter's rounds judged and accepted per draft position over its earlier requests, or ``None``."""
+        record = self._records.get(key)
+        return None if record is None else record.acceptance
+
+    def record(self, key: Hashable, switched_off: bool, cannot_pay: bool = False,
+               acceptance: Optional[AcceptanceCounts] = None) -> None:
+        """Note the outcome of a request that speculated: ``switched_off`` by the cost model or not,
+        whether it found that even a full accept would not pay (``cannot_pay``), and its rounds judged and
+        accepted per draft position (``acceptance``; ``None``: nothing to add)."""
         record = self._records.setdefault(key, _Record())
         record.failures = record.failures + 1 if switched_off else 0
         record.cannot_pay = record.cannot_pay + 1 if switched_off and cannot_pay else 0
+        if acceptance is not None and acceptance.judged:
+            record.acceptance = _added(record.acceptance, acceptance)
+
+
+def _added(earlier: Optional[AcceptanceCounts], new: AcceptanceCounts) -> AcceptanceCounts:
+    """``new`` plus ``earlier`` weighed by :data:`DECAY`, position by position."""
+    if earlier is None:
+        return AcceptanceCounts(list(new.judged), list(new.accepted))
+
+    def add(old, now):
+        size = max(len(old), len(now))
+        return [DECAY * (old[i] if i < len(old) else 0.0) + (now[i] if i < len(now) else 0.0) for i in range(size)]
+
+    return AcceptanceCounts(add(earlier.judged, new.judged), add(earlier.accepted, new.accepted))
