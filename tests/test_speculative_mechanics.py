@@ -174,7 +174,7 @@ def test_speculation_memory_skips_after_two_failures_and_backs_off():
     assert probes[:5] == [0, 1, 3, 6, 6 + MAX_SKIPPED + 1]
 
 
-def test_acceptance_remembered_across_requests_is_the_next_prior(tiny_pair):
+def test_acceptance_remembered_across_requests_is_the_next_prior():
     from xpuspec.speculative.costmodel import REMEMBERED_ROUNDS, AcceptanceCounts, CostModel
     from xpuspec.speculative.memory import DECAY, SpeculationMemory
 
@@ -196,8 +196,16 @@ def test_acceptance_remembered_across_requests_is_the_next_prior(tiny_pair):
     assert fixed.acceptance_by_position(1) == pytest.approx([2.1 / 6])
     assert remembered.counts() == AcceptanceCounts([3.0], [0.0])
     remembered.become_costless()  # a hybrid dropped its draft model: what follows is lookup's
-    assert remembered.counts() is None and remembered.acceptance_by_position(1) == pytest.approx([0.7])
+    remembered.note_drafts(drafted=5, accepted=5, draft_s=0.0)
+    assert remembered.counts() == AcceptanceCounts([3.0], [0.0])  # the memory keeps the draft model's rounds
+    assert remembered.acceptance_by_position(1) == pytest.approx([(1 + 2.1) / 4])  # lookup's round, the fixed prior
 
+    # a position barely measured before weighs as the fixed prior does, not less
+    barely = CostModel(True, False, prior=AcceptanceCounts([0.01], [0.01]))
+    barely.note_drafts(drafted=2, accepted=0, draft_s=0.01)
+    fixed = CostModel(True, False)
+    fixed.note_drafts(drafted=2, accepted=0, draft_s=0.01)
+    assert barely.acceptance_by_position(1) == pytest.approx(fixed.acceptance_by_position(1), abs=0.01)
 
 
 def test_a_request_starts_from_the_acceptance_of_the_ones_before(tmp_path, monkeypatch):

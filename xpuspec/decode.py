@@ -47,8 +47,9 @@ from .speculative.widths import best_draft_length, measure_widths, predicted_spe
 
 #: Longest n-gram a step's guess matches (down to 1): the guess costs nothing, so a 1-gram match is worth trying.
 STEP_GUESS_NGRAM = 3
-#: Drafts past the cost model's optimum after a round that took every draft: the rates of positions never
-#: drafted are only a prior (the rate of the position before), and this measures the next one.
+#: Drafts past the cost model's optimum after a round that took every draft: the rates of positions not drafted
+#: in the request are only a prior (remembered from earlier requests, or the rate of the position before), and
+#: this measures the next one.
 DRAFTS_PAST_THE_OPTIMUM = 1
 
 

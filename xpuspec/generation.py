@@ -62,7 +62,7 @@ class GenerationStats:
             thread, beside the target (equal to ``draft_s`` when drafting is sequential).
         acceptance_counts: per draft position (index 0: the first draft of a round), the rounds that
             judged a draft there and the rounds that accepted it (:class:`.speculative.costmodel.AcceptanceCounts`);
-            ``None`` for plain decoding, or where a hybrid dropped its draft model.
+            where a hybrid dropped its draft model, those of its rounds before; ``None`` for plain decoding.
     """
 
     prompt_tokens: int = 0

@@ -114,7 +114,8 @@ class XpuspecModelForCausalLM:
         With the cost model on (the default), a draft model that measured slower than plain decoding on the
         last two requests is skipped on the next ones (a hybrid keeps its prompt lookup), and probed again
         after 1, 2, 4, ... (at most 16) skipped requests (:mod:`xpuspec.speculative.memory`;
-        ``last_generate_stats.extra`` says so).
+        ``last_generate_stats.extra`` says so), and a draft model's acceptance rates per draft position start
+        from its rates in the earlier requests (greedy and sampling apart; ``last_generate_stats.acceptance_counts``).
 
         Raises:
             InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,

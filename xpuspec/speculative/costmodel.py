@@ -54,12 +54,13 @@ PREDICTED_SPEEDUP_TO_STAY = 1.1
 PRIOR_ACCEPTANCE = 0.7
 PRIOR_TRIALS = 3
 
-#: The most rounds an earlier requests' rate at a draft position weighs as in a new request's prior. Measured
+#: The most rounds the earlier requests' rate at a draft position weighs as in a new request's prior. Measured
 #: on the Qwen2.5-Coder 1.5B target with its 0.5B int4 draft (2 code + 2 prose + 2 edit prompts x 32 tokens x 3,
 #: the memory across requests kept as in the bench, in-process A/B against the fixed prior of PRIOR_TRIALS rounds
 #: at PRIOR_ACCEPTANCE): draft mode 22.0 and 21.9 tok/s against 21.2 and 21.3; hybrid 23.6 against 21.3 in one
 #: run (the fixed prior switched its draft model off on 9 of 18 requests, this one on none), 23.0 against 23.1
-#: in another (2 against 3 switched off).
+#: in another (2 against 3 switched off); measured with a weight of the remembered rounds alone, before the
+#: PRIOR_TRIALS added in review (which changes only positions measured in fewer than 3 rounds).
 REMEMBERED_ROUNDS = 6
 
 
@@ -116,7 +117,7 @@ class CostModel:
     def __init__(self, enabled: bool, costless: bool, known_plain_s: Optional[float] = None,
                  prior: Optional[AcceptanceCounts] = None):
         self.enabled, self.costless, self.known_plain_s = enabled, costless, known_plain_s
-        self.prior, self.dropped = prior, False
+        self.prior, self.before_drop = prior, None
         self.plain_s: List[float] = []  # this request's plain steps
         self.plain_tokens = 0  # the tokens they gave (more than one a step where steps carry a free guess)
         self.window = deque(maxlen=WINDOW_ROUNDS)  # (seconds, tokens, drafted) of speculative rounds
@@ -130,8 +131,8 @@ class CostModel:
 
     def become_costless(self) -> None:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
-        self.costless, self.dropped = True, True
-        self.prior = None  # the draft model's, not lookup's
+        self.before_drop = self.counts()  # the draft model's rounds: what the memory keeps of this request
+        self.costless, self.prior = True, None  # the draft model's rates say nothing of lookup
         self.window.clear()
         self.drafted = 0  # the draft model's acceptance and step say nothing of lookup
         self.draft_s = 0.0
@@ -192,30 +193,33 @@ class CostModel:
     def acceptance_by_position(self, positions: int) -> List[float]:
         """The conditional acceptance rate of draft positions 1..``positions`` in this request: at position j,
         the rounds that accepted draft j over those that judged it (drafts 1..j-1 accepted), each starting from
-        a prior. Without :attr:`prior` (a drafter's first request) the prior is worth :data:`PRIOR_TRIALS`
-        rounds: :data:`PRIOR_ACCEPTANCE` at position 1, the rate of position j-1 further on (a position never
-        drafted yet gets the rate of the one before it, as in Leviathan et al.'s model of one rate;
-        :mod:`xpuspec.speculative.widths`). With it, the prior of position j is the earlier requests' rate
-        there (:class:`AcceptanceCounts`, itself from a prior of :data:`PRIOR_TRIALS` rounds at the rate
-        before it), worth the rounds that measured it, at most :data:`REMEMBERED_ROUNDS`."""
+        a prior. Without :attr:`prior` (a drafter's first request, prompt lookup, ``cost_model=False``, a hybrid
+        after it dropped its draft model) the prior is worth :data:`PRIOR_TRIALS` rounds: :data:`PRIOR_ACCEPTANCE`
+        at position 1, the rate of position j-1 further on (a position never drafted yet gets the rate of the
+        one before it, as in Leviathan et al.'s model of one rate; :mod:`xpuspec.speculative.widths`). With it,
+        the prior of position j is the earlier requests' rate there (:class:`AcceptanceCounts`, itself from a
+        prior of :data:`PRIOR_TRIALS` rounds at the rate before it), worth the rounds that measured it plus
+        :data:`PRIOR_TRIALS`, at most :data:`REMEMBERED_ROUNDS` (a position barely measured before weighs as
+        the fixed prior does)."""
         rates, prior = [], PRIOR_ACCEPTANCE
         for j in range(positions):
             weight = PRIOR_TRIALS
             if self.prior is not None and j < len(self.prior.judged) and self.prior.judged[j] > 0:
                 before = self.prior.accepted[j] if j < len(self.prior.accepted) else 0.0
                 prior = (before + prior * PRIOR_TRIALS) / (self.prior.judged[j] + PRIOR_TRIALS)
-                weight = min(self.prior.judged[j], REMEMBERED_ROUNDS)
+                weight = min(self.prior.judged[j] + PRIOR_TRIALS, REMEMBERED_ROUNDS)  # its evidence, smoothed
             judged = self.judged[j] if j < len(self.judged) else 0
             accepted = self.accepted_at[j] if j < len(self.accepted_at) else 0
             prior = (accepted + prior * weight) / (judged + weight)
             rates.append(prior)
         return rates
 
-    def counts(self) -> Optional[AcceptanceCounts]:
-        """This request's rounds judged and accepted per draft position; ``None`` once a hybrid dropped its
-        draft model (the counts since are its prompt lookup's)."""
-        if self.dropped:
-            return None
+    def counts(self) -> AcceptanceCounts:
+        """This request's rounds judged and accepted per draft position (``accepted`` padded to ``judged``'s
+        length); where a hybrid dropped its draft model, those of the rounds before (the later ones are its
+        prompt lookup's)."""
+        if self.before_drop is not None:
+            return self.before_drop
         accepted = self.accepted_at + [0] * (len(self.judged) - len(self.accepted_at))
         return AcceptanceCounts(list(map(float, self.judged)), list(map(float, accepted)))
 

@@ -14,7 +14,9 @@ The memory also keeps each drafter's acceptance per draft position over its earl
 request halves the weight of the ones before, :data:`DECAY`): the prior from which the next request's
 cost model starts (:class:`xpuspec.speculative.costmodel.CostModel`). A pair's acceptance is a property
 of the pair more than of one prompt, and with a fixed prior three rejected opening rounds were enough to
-switch a draft model off that the rest of the request would have used well.
+switch a draft model off that the rest of the request would have used well. A hybrid's counts include its
+prompt-lookup rounds (the cost model counts every round with drafts). The generate call keys the memory by
+drafter and by greedy or sampling, so the two keep their own failures, skips and rates.
 """
 
 from dataclasses import dataclass
@@ -60,7 +62,9 @@ class SpeculationMemory:
     def acceptance(self, key: Hashable) -> Optional[AcceptanceCounts]:
         """The drafter's rounds judged and accepted per draft position over its earlier requests, or ``None``."""
         record = self._records.get(key)
-        return None if record is None else record.acceptance
+        if record is None or record.acceptance is None:
+            return None
+        return AcceptanceCounts(list(record.acceptance.judged), list(record.acceptance.accepted))  # a copy
 
     def record(self, key: Hashable, switched_off: bool, cannot_pay: bool = False,
                acceptance: Optional[AcceptanceCounts] = None) -> None:
