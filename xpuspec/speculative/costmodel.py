@@ -66,8 +66,9 @@ REMEMBERED_ROUNDS = 6
 
 @dataclass
 class AcceptanceCounts:
-    """Rounds that judged a draft at each draft position (index 0: position 1) and rounds that accepted it;
-    floats, since :class:`xpuspec.speculative.memory.SpeculationMemory` weighs earlier requests down."""
+    """Rounds that judged a draft at each draft position (index 0: position 1) and rounds that accepted it,
+    two lists of one length; floats, since :class:`xpuspec.speculative.memory.SpeculationMemory` weighs
+    earlier requests down."""
 
     judged: List[float]
     accepted: List[float]
@@ -126,8 +127,7 @@ class CostModel:
         self.pauses = 0  # how often a costless drafter was paused
         self.drafted = 0  # over this request's rounds with drafts
         self.draft_s = 0.0
-        self.judged: List[int] = []  # per draft position: rounds that judged a draft there
-        self.accepted_at: List[int] = []  # per draft position: rounds that accepted it
+        self.rounds = AcceptanceCounts([], [])  # this request's, per draft position
 
     def become_costless(self) -> None:
         """The draft model was dropped and a costless drafter goes on: pause and probe from now on."""
@@ -136,7 +136,7 @@ class CostModel:
         self.window.clear()
         self.drafted = 0  # the draft model's acceptance and step say nothing of lookup
         self.draft_s = 0.0
-        self.judged, self.accepted_at = [], []
+        self.rounds = AcceptanceCounts([], [])
 
     def measuring(self) -> bool:
         """True while the first plain steps are timed (no drafting yet): only on a target not timed before."""
@@ -185,10 +185,11 @@ class CostModel:
         self.drafted += drafted
         judged = accepted + (accepted < drafted)  # drafts are judged until the first rejection
         self.draft_s += draft_s
-        for counts, upto in ((self.judged, judged), (self.accepted_at, accepted)):
-            counts.extend([0] * (upto - len(counts)))
-            for j in range(upto):
-                counts[j] += 1
+        for counts in (self.rounds.judged, self.rounds.accepted):
+            counts.extend([0] * (judged - len(counts)))
+        for j in range(judged):
+            self.rounds.judged[j] += 1
+            self.rounds.accepted[j] += j < accepted
 
     def acceptance_by_position(self, positions: int) -> List[float]:
         """The conditional acceptance rate of draft positions 1..``positions`` in this request: at position j,
@@ -205,23 +206,19 @@ class CostModel:
         for j in range(positions):
             weight = PRIOR_TRIALS
             if self.prior is not None and j < len(self.prior.judged) and self.prior.judged[j] > 0:
-                before = self.prior.accepted[j] if j < len(self.prior.accepted) else 0.0
-                prior = (before + prior * PRIOR_TRIALS) / (self.prior.judged[j] + PRIOR_TRIALS)
+                prior = (self.prior.accepted[j] + prior * PRIOR_TRIALS) / (self.prior.judged[j] + PRIOR_TRIALS)
                 weight = min(self.prior.judged[j] + PRIOR_TRIALS, REMEMBERED_ROUNDS)  # its evidence, smoothed
-            judged = self.judged[j] if j < len(self.judged) else 0
-            accepted = self.accepted_at[j] if j < len(self.accepted_at) else 0
-            prior = (accepted + prior * weight) / (judged + weight)
+            if j < len(self.rounds.judged):
+                prior = (self.rounds.accepted[j] + prior * weight) / (self.rounds.judged[j] + weight)
             rates.append(prior)
         return rates
 
     def counts(self) -> AcceptanceCounts:
-        """This request's rounds judged and accepted per draft position (``accepted`` padded to ``judged``'s
-        length); where a hybrid dropped its draft model, those of the rounds before (the later ones are its
-        prompt lookup's)."""
+        """A copy of this request's rounds judged and accepted per draft position; where a hybrid dropped its
+        draft model, those of the rounds before (the later ones are its prompt lookup's)."""
         if self.before_drop is not None:
             return self.before_drop
-        accepted = self.accepted_at + [0] * (len(self.judged) - len(self.accepted_at))
-        return AcceptanceCounts(list(map(float, self.judged)), list(map(float, accepted)))
+        return AcceptanceCounts(list(self.rounds.judged), list(self.rounds.accepted))
 
     def draft_step(self) -> float:
         """Seconds per drafted token in this request (0 before any draft)."""
