@@ -182,10 +182,11 @@ def test_hybrid_drops_its_draft_model_and_goes_on_with_prompt_lookup(smollm2_pat
     keeps prompt lookup (paused and probed); after two such requests the next skips the draft model but
     still looks up. Output identical to plain greedy throughout."""
     from xpuspec.bench.prompts import select
-    from xpuspec.speculative.costmodel import CostModel
+    from xpuspec.speculative import costmodel
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative="hybrid")
-    monkeypatch.setattr(CostModel, "pays", lambda self: self.costless)  # the model never pays, lookup always
+    monkeypatch.setattr(costmodel.CostModel, "pays", lambda self: self.costless)  # the model never pays, lookup always
+    monkeypatch.setattr(costmodel, "PREDICTED_SPEEDUP_TO_STAY", float("inf"))  # and no prediction keeps it on
     ids = tokenizer(select({"edit": 1})["edit"][0], return_tensors="pt").input_ids
     expected = model.generate(ids, max_new_tokens=48, min_new_tokens=48, speculative=False)
     extras = []

@@ -411,3 +411,51 @@ def test_a_draft_whose_scored_tokens_are_all_masked_drafts_nothing():
 
     drafter = ModelDrafter(Masked(), vocab_size=4)
     assert drafter.propose([1, 2], 3, lambda prefix, logits: logits, sample=True) == ([], None)
+
+
+def test_a_hybrid_chain_ends_with_prompt_lookup_once_its_drafts_match():
+    """A hybrid's draft model stops as soon as its drafts make an n-gram match, and prompt lookup's continuation
+    ends the chain (one-hot rows when sampling); without a match it drafts its k tokens."""
+    from xpuspec.runner import Runner
+    from xpuspec.speculative.drafters import HybridDrafter, ModelDrafter
+
+    class Successor(Runner):
+        """A draft whose next token is the last token + 1 (mod 8), counting its forward passes."""
+        device, vocab_size, weight_bytes, num_layers = "cpu", 8, 0, 1
+
+        def __init__(self):
+            self.held, self.passes = 0, 0
+
+        @property
+        def length(self):
+            return self.held
+
+        def forward(self, tokens, logits_to_keep=None):
+            self.held += len(tokens)
+            self.passes += 1
+            return torch.nn.functional.one_hot(torch.tensor([(tokens[-1] + 1) % 8]), 8).float() * 50
+
+        def rollback(self, n):
+            self.held -= n
+
+        def reset(self):
+            self.held = 0
+
+    def scores(prefix, logits):
+        return logits
+
+    runner = Successor()
+    hybrid = HybridDrafter(PromptLookupDrafter(3, 2), ModelDrafter(runner, vocab_size=8))
+    # no n-gram matches at the end of the context; the draft's 3 makes a 2-gram match ([2, 3]), which is not
+    # enough, and its 4 a 3-gram match ([2, 3, 4]), which continues 5, 0, 7
+    context = [2, 3, 4, 5, 0, 7, 2]
+    assert hybrid.propose(context, 5, scores, sample=False) == ([3, 4, 5, 0, 7], None)
+    assert (runner.passes, runner.length) == (2, len(context) + 1)  # prefill, one step; none after the match
+    assert not hybrid.last_round_costless()
+    tokens, probs = hybrid.propose(context, 5, scores, sample=True)
+    assert tokens == [3, 4, 5, 0, 7]
+    assert probs.shape == (5, 8) and float(probs[0, 3]) > 0.99 and float(probs[1, 4]) > 0.99
+    assert torch.equal(probs[2:], torch.nn.functional.one_hot(torch.tensor([5, 0, 7]), 8).float())
+    runner.passes = 0
+    assert hybrid.propose([3, 4, 7], 3, scores, sample=False) == ([0, 1, 2], None)  # never matches: k drafts
+    assert runner.passes == 3
