@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xpuspec import AutoModelForCausalLM, DraftMismatchError, SpeculativeConfig, SpeculativeConfigError
-from xpuspec.speculative.drafters import PromptLookupDrafter
+from xpuspec.speculative.drafters import HybridDrafter, PromptLookupDrafter
 from xpuspec.speculative.verify import greedy_accept, rejection_sample
 
 from tiny import WORDS, tiny_model
@@ -137,6 +137,25 @@ def test_bad_speculative_options(tiny_pair):
         SpeculativeConfig(mode="prompt_lookup", max_matching_ngram_size=2, min_matching_ngram_size=3)
     with pytest.raises(SpeculativeConfigError, match="num_assistant_tokens_schedule must be 'heuristic' or 'constant'"):
         SpeculativeConfig(num_assistant_tokens_schedule="dynamic")
+
+
+def test_a_hybrid_looks_up_its_longest_ngram_only_by_default(tiny_pair):
+    """Prompt lookup alone matches 3- down to 2-grams, a hybrid (either way it is asked for) 3-grams only,
+    unless min_matching_ngram_size says otherwise."""
+    from xpuspec.speculative.pairing import plan_speculation
+
+    target, draft = tiny_pair
+
+    def sizes(spec, **kwargs):
+        drafter, _ = plan_speculation(target, spec, True, **kwargs)
+        lookup = drafter.lookup if isinstance(drafter, HybridDrafter) else drafter
+        return lookup.max_ngram, lookup.min_ngram
+
+    assert sizes(SpeculativeConfig(mode="prompt_lookup")) == (3, 2)
+    assert sizes(SpeculativeConfig(mode="hybrid")) == (3, 3)
+    assert sizes(SpeculativeConfig(mode="hybrid", min_matching_ngram_size=2)) == (3, 2)
+    assert sizes(SpeculativeConfig(mode="hybrid", max_matching_ngram_size=4)) == (4, 4)
+    assert sizes(None, assistant_model=draft, prompt_lookup_num_tokens=3) == (3, 3)
 
 
 def test_prompt_lookup_finds_the_first_longest_match():
@@ -417,7 +436,7 @@ def test_a_hybrid_chain_ends_with_prompt_lookup_once_its_drafts_match():
     """A hybrid's draft model stops as soon as its drafts make an n-gram match, and prompt lookup's continuation
     ends the chain (one-hot rows when sampling); without a match it drafts its k tokens."""
     from xpuspec.runner import Runner
-    from xpuspec.speculative.drafters import HybridDrafter, ModelDrafter
+    from xpuspec.speculative.drafters import ModelDrafter
 
     class Successor(Runner):
         """A draft whose next token is the last token + 1 (mod 8), counting its forward passes."""

@@ -99,7 +99,8 @@ class PromptLookupDrafter(Drafter):
         if not 1 <= min_matching_ngram_size <= max_matching_ngram_size:
             raise SpeculativeConfigError(
                 f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got {min_matching_ngram_size} and "
-                f"{max_matching_ngram_size} (SpeculativeConfig's min_matching_ngram_size defaults to 2: set both).")
+                f"{max_matching_ngram_size} (SpeculativeConfig's min_matching_ngram_size defaults to 2, a hybrid's to "
+                f"max_matching_ngram_size: set both).")
         self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
 
     def propose(self, context, k, score, sample, threshold=0.0):
@@ -214,7 +215,9 @@ class HybridDrafter(Drafter):
     (3 code + 3 prose + 2 edit prompts x 32 tokens x 3, in-process A/B of three arms, identical outputs) this made
     20.9 tok/s against 19.8 without it (code 20.6 against 18.6: the draft model stops early, fewer draft steps;
     prose 15.5 against 15.2; edit 45.8 against 43.8); ending the chain at matches of 2 tokens made 20.2
-    (more target passes: 86 against 79 on code, 36 against 33 on edit)."""
+    (more target passes: 86 against 79 on code, 36 against 33 on edit). ``lookup`` itself matches only its
+    longest n-gram by default, for the same reason (:class:`~xpuspec.speculative.config.SpeculativeConfig`'s
+    ``min_matching_ngram_size``)."""
 
     stochastic = True
 

@@ -80,13 +80,13 @@ def _first(*values):
 def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
     """``base``: ``spec``, or the default :class:`SpeculativeConfig` when ``spec`` is ``None``."""
 
-    def lookup():
-        return PromptLookupDrafter(base.max_matching_ngram_size, base.min_matching_ngram_size)
+    def lookup(hybrid=False):
+        return PromptLookupDrafter(base.max_matching_ngram_size, base.shortest_ngram(hybrid))
 
     if assistant_model is not None:
         check_draft(target, assistant_model)
         model = _model_drafter(target, assistant_model, spec)
-        return HybridDrafter(lookup(), model) if prompt_lookup_num_tokens else model
+        return HybridDrafter(lookup(hybrid=True), model) if prompt_lookup_num_tokens else model
     if prompt_lookup_num_tokens:
         return lookup()
     if spec is None:
@@ -94,7 +94,7 @@ def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
     if spec.mode == "prompt_lookup":
         return lookup()
     model = _model_drafter(target, target.draft_model, spec)
-    return HybridDrafter(lookup(), model) if spec.mode == "hybrid" else model
+    return HybridDrafter(lookup(hybrid=True), model) if spec.mode == "hybrid" else model
 
 
 def _model_drafter(target, draft, spec):
