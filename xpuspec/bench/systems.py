@@ -361,8 +361,9 @@ class XpuspecSystem(System):
                     "device_map": self.model.device_map}
         if spec is not None:
             settings["speculative"] = {**{k: v for k, v in spec.__dict__.items() if v is not None},
-                                       "num_assistant_tokens": spec.draft_length,
-                                       "min_matching_ngram_size": spec.shortest_ngram(mode == "hybrid")}
+                                       "num_assistant_tokens": spec.draft_length}
+            if mode in ("prompt_lookup", "hybrid"):
+                settings["speculative"]["min_matching_ngram_size"] = spec.shortest_ngram(mode == "hybrid")
         if self.model.draft_model is not None:
             settings["draft_ir"] = str(self.model.draft_model.runner.folder)
             head = self.model.draft_model.runner.head_tokens

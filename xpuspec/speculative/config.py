@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 from ..decode import DraftSchedule
 from ..errors import LowBitConfigError, SpeculativeConfigError
-from .drafters import DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter
+from .drafters import DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter, check_ngram_size
 
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
 #: Draft format of self-speculation: a low-bit copy of the target.
@@ -46,11 +46,13 @@ class SpeculativeConfig:
         prompt_lookup_num_tokens: draft length of prompt lookup (default: num_assistant_tokens).
         max_matching_ngram_size: longest n-gram prompt lookup matches (default 3, openvino_genai's).
         min_matching_ngram_size: shortest n-gram prompt lookup matches: default 2 (as vLLM's
-            ``prompt_lookup_min``; 1 proposes after any repeated token, which rarely pays), and for a
-            hybrid ``max_matching_ngram_size``: there a lookup displaces the draft model's tokens, and a
+            ``prompt_lookup_min``; 1 proposes after any repeated token, which rarely pays; at most
+            ``max_matching_ngram_size``), and for a hybrid's lookup while its draft model is on
+            ``max_matching_ngram_size``: there a lookup displaces the draft model's tokens, and a
             2-gram match is weaker evidence than the model (Qwen2.5-Coder 1.5B/0.5B, 3 code + 3 prose +
             2 edit prompts x 32 tokens x 3, in-process A/B, two runs: 19.9 and 20.5 tok/s against 19.3 and
-            19.8, code 19.5 and 20.2 against 18.1 and 18.0; SmolLM2 hybrid 126.4 against 127.1).
+            19.8, code 19.5 and 20.2 against 18.1 and 18.0; 2 + 2 + 2 prompts x 4: 22.1 against 21.3;
+            SmolLM2 hybrid 126.4 against 127.1).
         cost_model: switch a draft model off for the rest of a request, or pause prompt lookup, when
             speculation measures slower than plain decoding (:mod:`xpuspec.speculative.costmodel`), and
             draft at most the length the target's measured verify cost per width favours
@@ -91,7 +93,9 @@ class SpeculativeConfig:
                       self.assistant_confidence_threshold)  # raises on a bad length, schedule or threshold
         if self.prompt_lookup_num_tokens is not None and self.prompt_lookup_num_tokens < 1:
             raise SpeculativeConfigError(f"prompt_lookup_num_tokens must be >= 1, got {self.prompt_lookup_num_tokens}.")
-        PromptLookupDrafter(self.max_matching_ngram_size, self.shortest_ngram(self.mode == "hybrid"))  # bad sizes raise
+        check_ngram_size("max_matching_ngram_size", self.max_matching_ngram_size)  # before shortest_ngram uses it
+        for hybrid in (False, True):  # bad sizes raise; generate(prompt_lookup_num_tokens=) may ask for either
+            PromptLookupDrafter(self.max_matching_ngram_size, self.shortest_ngram(hybrid))
         if self.skip_layers is not None and self.mode != "layer_skip":
             raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
@@ -115,11 +119,12 @@ class SpeculativeConfig:
         return DEFAULT_LOOKUP_TOKENS if self.mode == "prompt_lookup" else DEFAULT_ASSISTANT_TOKENS
 
     def shortest_ngram(self, hybrid: bool) -> int:
-        """``min_matching_ngram_size``, or its default for prompt lookup alone (``hybrid=False``) or in a
-        hybrid (also the ``assistant_model`` with ``prompt_lookup_num_tokens`` of ``generate``)."""
+        """``min_matching_ngram_size``, or its default for prompt lookup alone (``hybrid=False``; also a hybrid's
+        once it dropped its draft model) or a hybrid's lookup beside its draft model (also the ``assistant_model``
+        with ``prompt_lookup_num_tokens`` of ``generate``)."""
         if self.min_matching_ngram_size is not None:
             return self.min_matching_ngram_size
-        return self.max_matching_ngram_size if hybrid else DEFAULT_MIN_NGRAM
+        return self.max_matching_ngram_size if hybrid else min(DEFAULT_MIN_NGRAM, self.max_matching_ngram_size)
 
     @property
     def uses_model(self) -> bool:

@@ -81,6 +81,12 @@ class Drafter(ABC):
         return self.costless
 
 
+def check_ngram_size(name: str, size) -> None:
+    """Raises SpeculativeConfigError, naming ``name``, unless ``size`` is an int (not a bool)."""
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise SpeculativeConfigError(f"{name} must be an int >= 1, got {size!r}.")
+
+
 class PromptLookupDrafter(Drafter):
     """n-gram prompt lookup (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
 
@@ -96,11 +102,12 @@ class PromptLookupDrafter(Drafter):
     costless = True
 
     def __init__(self, max_matching_ngram_size: int = 2, min_matching_ngram_size: int = 1):
+        check_ngram_size("max_matching_ngram_size", max_matching_ngram_size)
+        check_ngram_size("min_matching_ngram_size", min_matching_ngram_size)
         if not 1 <= min_matching_ngram_size <= max_matching_ngram_size:
             raise SpeculativeConfigError(
                 f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got {min_matching_ngram_size} and "
-                f"{max_matching_ngram_size} (SpeculativeConfig's min_matching_ngram_size defaults to 2, a hybrid's to "
-                f"max_matching_ngram_size: set both).")
+                f"{max_matching_ngram_size}: set min_matching_ngram_size to at most max_matching_ngram_size.")
         self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
 
     def propose(self, context, k, score, sample, threshold=0.0):
@@ -221,8 +228,10 @@ class HybridDrafter(Drafter):
 
     stochastic = True
 
-    def __init__(self, lookup: PromptLookupDrafter, model: Drafter):
-        self.lookup, self.model = lookup, model
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, fallback: Optional[PromptLookupDrafter] = None):
+        """``fallback``: the prompt lookup that goes on alone once the cost model drops the draft model
+        (default ``lookup``)."""
+        self.lookup, self.model, self.fallback = lookup, model, fallback or lookup
         self.extension = PromptLookupDrafter(lookup.max_ngram, lookup.max_ngram)
         self._looked_up = False
 
@@ -240,7 +249,7 @@ class HybridDrafter(Drafter):
         self.model.stop()
 
     def costless_part(self) -> Drafter:
-        return self.lookup
+        return self.fallback
 
     def last_round_costless(self) -> bool:
         return self._looked_up

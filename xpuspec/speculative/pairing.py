@@ -83,10 +83,13 @@ def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
     def lookup(hybrid=False):
         return PromptLookupDrafter(base.max_matching_ngram_size, base.shortest_ngram(hybrid))
 
+    def hybrid(model):
+        return HybridDrafter(lookup(hybrid=True), model, fallback=lookup())
+
     if assistant_model is not None:
         check_draft(target, assistant_model)
         model = _model_drafter(target, assistant_model, spec)
-        return HybridDrafter(lookup(hybrid=True), model) if prompt_lookup_num_tokens else model
+        return hybrid(model) if prompt_lookup_num_tokens else model
     if prompt_lookup_num_tokens:
         return lookup()
     if spec is None:
@@ -94,7 +97,7 @@ def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
     if spec.mode == "prompt_lookup":
         return lookup()
     model = _model_drafter(target, target.draft_model, spec)
-    return HybridDrafter(lookup(hybrid=True), model) if spec.mode == "hybrid" else model
+    return hybrid(model) if spec.mode == "hybrid" else model
 
 
 def _model_drafter(target, draft, spec):
