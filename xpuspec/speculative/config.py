@@ -52,7 +52,7 @@ class SpeculativeConfig:
             2-gram match is weaker evidence than the model (Qwen2.5-Coder 1.5B/0.5B, 3 code + 3 prose +
             2 edit prompts x 32 tokens x 3, in-process A/B, two runs: 19.9 and 20.5 tok/s against 19.3 and
             19.8, code 19.5 and 20.2 against 18.1 and 18.0; 2 + 2 + 2 prompts x 4: 22.1 against 21.3;
-            SmolLM2 hybrid 126.4 against 127.1).
+            SmolLM2 hybrid, with 3-grams also after its draft model was dropped, 126.4 against 127.1).
         cost_model: switch a draft model off for the rest of a request, or pause prompt lookup, when
             speculation measures slower than plain decoding (:mod:`xpuspec.speculative.costmodel`), and
             draft at most the length the target's measured verify cost per width favours
