@@ -267,6 +267,18 @@ def test_a_request_starts_from_the_acceptance_of_the_ones_before(tmp_path, monke
     assert priors[2] is None
 
 
+def test_the_draft_step_leaves_looked_up_tokens_out():
+    """Seconds per drafted token count the tokens a model drafted: a hybrid's lookup round (all free) and the
+    lookup that ended a model's chain (2 of 4 free) cost nothing, while their acceptance still counts."""
+    from xpuspec.speculative.costmodel import CostModel
+
+    cost = CostModel(enabled=True, costless=False)
+    cost.note_drafts(4, 4, 0.040, free=2)  # 2 model drafts in 40 ms, then 2 looked up
+    cost.note_drafts(5, 1, 0.0001, free=5)  # a lookup round
+    assert cost.draft_step() == pytest.approx(0.0401 / 2)
+    assert cost.counts().judged == [2, 2, 1, 1] and cost.counts().accepted == [2, 1, 1, 1]
+
+
 def test_cost_model_switches_a_draft_model_off_and_pauses_prompt_lookup():
     from xpuspec.speculative.costmodel import FIRST_PAUSE_TOKENS, MAX_PAUSE_TOKENS, WINDOW_ROUNDS, CostModel
 
@@ -491,9 +503,14 @@ def test_a_hybrid_chain_ends_with_prompt_lookup_once_its_drafts_match():
     assert tokens == [3, 4, 5, 0, 7]
     assert probs.shape == (5, 8) and float(probs[0, 3]) > 0.99 and float(probs[1, 4]) > 0.99
     assert torch.equal(probs[2:], torch.nn.functional.one_hot(torch.tensor([5, 0, 7]), 8).float())
+    assert hybrid.extended_tokens() == 3
     runner.passes = 0
     assert hybrid.propose([3, 4, 7], 3, scores, sample=False) == ([0, 1, 2], None)  # never matches: k drafts
-    assert runner.passes == 3
+    assert runner.passes == 3 and hybrid.extended_tokens() == 0
+    # a lookup round takes lookup_k tokens (the width of a costless draft), a model round k
+    assert hybrid.propose(context + [3, 4], 2, scores, sample=False, lookup_k=3) == ([5, 0, 7], None)
+    assert hybrid.last_round_costless() and hybrid.extended_tokens() == 0
+    assert hybrid.propose(context + [3, 4], 2, scores, sample=False) == ([5, 0], None)
 
 
 def test_sampling_with_lookup_ended_chains_follows_the_target_distribution():

@@ -7,7 +7,9 @@ partial accept the target's KV cache is rolled back past the rejected drafts.
 
 Adaptive draft length: the heuristic schedule (+2 after a full accept, -1 otherwise, as in
 transformers; prompt lookup keeps a constant length, as transformers' does), capped by the draft
-length the measured verify cost per width favours (:mod:`xpuspec.speculative.widths`), and a cost model
+length the measured verify cost per width favours (:mod:`xpuspec.speculative.widths`; a hybrid's lookup
+rounds by the length favoured for drafts that cost nothing, and the draft step counts only the tokens a
+model drafted), and a cost model
 (:mod:`xpuspec.speculative.costmodel`) that switches a draft model off for the rest of the request,
 or pauses prompt lookup, when speculation measures slower than plain decoding.
 
@@ -41,7 +43,7 @@ from .generation import GenerationStats, eos_ids, logits_processor, max_new_toke
 from .runner import Runner
 from .speculative.costmodel import (AcceptanceCounts, CostModel, remember_native_step, remember_plain_step,
                                    remembered_native_step, remembered_plain_step)
-from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter, PromptLookupDrafter
+from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter, HybridDrafter, PromptLookupDrafter
 from .speculative.verify import greedy_accept, rejection_sample
 from .speculative.widths import best_draft_length, measure_widths, predicted_speedup, remembered_widths
 
@@ -218,6 +220,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     pad_to = 0  # the widest verify pass so far, when the target prefers a fixed width
     t0 = time.perf_counter()
     rows, drafts, draft_probs, round_s, draft_s = target.forward(prompt, logits_to_keep=1), [], None, None, 0.0
+    free_drafts = 0  # drafts of the last round that cost nothing (looked up)
     stats.prefill_s = time.perf_counter() - t0
     stats.target_forwards = 1
     verify_s = None  # seconds of a verify pass by width (index w - 1), once the cost model has timed them
@@ -240,7 +243,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
             stats.accepted_tokens += n
         done = False
         if drafts and not guessed:
-            cost.note_drafts(len(drafts), n, draft_s)
+            cost.note_drafts(len(drafts), n, draft_s, free=free_drafts)
         for j, tok in enumerate(drafts[:n] + [token]):
             if config.output_scores:
                 scores.append(scored[j:j + 1])
@@ -297,18 +300,26 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
             verify_s = list(measure_widths(target, context[-1], min(widest, room + 1)).values())
             if len(remembered_widths(target)) > timed:  # measured now, not remembered from an earlier request
                 stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
-        cap = None
+        cap = lookup_cap = None
         if verify_s is not None:
             longest = len(verify_s) - 1
-            cap = min(best_draft_length(cost.acceptance_by_position(longest), cost.draft_step(), verify_s)
-                      + DRAFTS_PAST_THE_OPTIMUM * (speculative and n == len(drafts)), longest)
+            rates, past = cost.acceptance_by_position(longest), DRAFTS_PAST_THE_OPTIMUM * (speculative and n == len(drafts))
+            cap = min(best_draft_length(rates, cost.draft_step(), verify_s) + past, longest)
+            lookup_cap = min(best_draft_length(rates, 0.0, verify_s) + past, longest)  # a looked-up token costs nothing
             if schedule.schedule == "heuristic":  # grow from the cap, not past it
                 k = min(k, cap)
         width = min(k, room if cap is None else min(cap, room)) if drafting else 0
         t0 = time.perf_counter()
-        drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold)
-                               if width > 0 else ([], None))
+        if width > 0 and isinstance(proposer, HybridDrafter):  # its lookup rounds get the width of a costless draft
+            lookup_width = width if lookup_cap is None else max(width, min(lookup_cap, room))
+            drafts, draft_probs = proposer.propose(context, width, score, sample, schedule.confidence_threshold,
+                                                   lookup_k=lookup_width)
+        else:
+            drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold)
+                                   if width > 0 else ([], None))
         t1 = time.perf_counter()
+        free_drafts = 0 if width == 0 else (len(drafts) if proposer.costless or proposer.last_round_costless()
+                                            else proposer.extended_tokens())
         guessed = 0
         if guesser is not None and not drafts:
             drafts = guesser.lookup(context, free)

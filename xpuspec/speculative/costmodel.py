@@ -125,7 +125,7 @@ class CostModel:
         self.pause = 0
         self.resume_at = 0
         self.pauses = 0  # how often a costless drafter was paused
-        self.drafted = 0  # over this request's rounds with drafts
+        self.drafted = 0  # tokens a model drafted in this request (looked-up ones left out)
         self.draft_s = 0.0
         self.rounds = AcceptanceCounts([], [])  # this request's, per draft position
 
@@ -179,10 +179,11 @@ class CostModel:
             self.plain_s.append(seconds)
             self.plain_tokens += tokens
 
-    def note_drafts(self, drafted: int, accepted: int, draft_s: float) -> None:
+    def note_drafts(self, drafted: int, accepted: int, draft_s: float, free: int = 0) -> None:
         """Note a round with drafts (of any drafter, a hybrid's lookup too): tokens drafted and accepted,
-        and the seconds spent drafting them."""
-        self.drafted += drafted
+        the seconds spent drafting them, and how many of them cost nothing (looked up: a hybrid's lookup
+        round, or the lookup that ended its draft model's chain), which :meth:`draft_step` leaves out."""
+        self.drafted += drafted - free
         judged = accepted + (accepted < drafted)  # drafts are judged until the first rejection
         self.draft_s += draft_s
         for counts in (self.rounds.judged, self.rounds.accepted):
@@ -221,7 +222,7 @@ class CostModel:
         return AcceptanceCounts(list(self.rounds.judged), list(self.rounds.accepted))
 
     def draft_step(self) -> float:
-        """Seconds per drafted token in this request (0 before any draft)."""
+        """Seconds per token a model drafted in this request (0 before any, and for prompt lookup)."""
         return self.draft_s / self.drafted if self.drafted else 0.0
 
     def _window(self):

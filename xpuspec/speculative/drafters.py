@@ -80,6 +80,11 @@ class Drafter(ABC):
         """Whether the last :meth:`propose` drafted without a model (a hybrid's lookup hit)."""
         return self.costless
 
+    def extended_tokens(self) -> int:
+        """Tokens at the end of the last :meth:`propose` that a costless continuation added
+        (:meth:`ModelDrafter.propose`'s ``extend``); 0 by default."""
+        return 0
+
 
 def check_ngram_size(name: str, size) -> None:
     """Raises SpeculativeConfigError, naming ``name``, unless ``size`` is an int (not a bool)."""
@@ -141,10 +146,14 @@ class ModelDrafter(Drafter):
         self.runner = runner
         self.vocab_size = vocab_size
         self.tokens: List[int] = []
+        self.extended = 0  # tokens the last propose took from ``extend``
 
     def reset(self) -> None:
         self.runner.reset()
         self.tokens = []
+
+    def extended_tokens(self) -> int:
+        return self.extended
 
     def start(self, context, score, sample, threshold=0.0) -> None:
         """Reset and prefill the draft with the prompt now, so that the first round the cost model
@@ -189,6 +198,7 @@ class ModelDrafter(Drafter):
         prefix = list(context)
         tokens, probs = [], []
         need_probs = sample or threshold > 0
+        self.extended = 0
         for i in range(k):
             scored = score(prefix, self._fit(logits))
             if need_probs:
@@ -206,6 +216,7 @@ class ModelDrafter(Drafter):
             found = extend(prefix, k - len(tokens)) if extend is not None and i + 1 < k else []
             if found:
                 tokens += found
+                self.extended = len(found)
                 probs += [torch.nn.functional.one_hot(torch.tensor(t), self.vocab_size).float() for t in found]
                 break
             if i + 1 < k:
@@ -224,7 +235,7 @@ class HybridDrafter(Drafter):
     prose 15.5 against 15.2; edit 45.8 against 43.8); ending the chain at matches of 2 tokens made 20.2
     (more target passes: 86 against 79 on code, 36 against 33 on edit). ``lookup`` itself matches only its
     longest n-gram by default, for the same reason (:class:`~xpuspec.speculative.config.SpeculativeConfig`'s
-    ``min_matching_ngram_size``)."""
+    ``min_matching_ngram_size``), and its rounds may be longer than the model's (``lookup_k``)."""
 
     stochastic = True
 
@@ -254,8 +265,13 @@ class HybridDrafter(Drafter):
     def last_round_costless(self) -> bool:
         return self._looked_up
 
-    def propose(self, context, k, score, sample, threshold=0.0):
-        found = self.lookup.lookup(context, k)
+    def extended_tokens(self) -> int:
+        return 0 if self._looked_up else self.model.extended_tokens()
+
+    def propose(self, context, k, score, sample, threshold=0.0, lookup_k: Optional[int] = None):
+        """As :meth:`Drafter.propose`; ``lookup_k``: the most tokens a lookup round may propose (default ``k``:
+        the decode loop gives the length that the verify costs favour for drafts that cost nothing)."""
+        found = self.lookup.lookup(context, k if lookup_k is None else lookup_k)
         self._looked_up = bool(found)
         if found:
             return found, None
