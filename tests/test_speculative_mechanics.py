@@ -275,7 +275,7 @@ def test_the_draft_step_leaves_looked_up_tokens_out():
     cost = CostModel(enabled=True, costless=False)
     cost.note_drafts(4, 4, 0.040, free=2)  # 2 model drafts in 40 ms, then 2 looked up
     cost.note_drafts(5, 1, 0.0001, free=5)  # a lookup round
-    assert cost.draft_step() == pytest.approx(0.0401 / 2)
+    assert cost.draft_step() == pytest.approx(0.040 / 2)
     assert cost.counts().judged == [2, 2, 1, 1] and cost.counts().accepted == [2, 1, 1, 1]
 
 
@@ -504,13 +504,14 @@ def test_a_hybrid_chain_ends_with_prompt_lookup_once_its_drafts_match():
     assert probs.shape == (5, 8) and float(probs[0, 3]) > 0.99 and float(probs[1, 4]) > 0.99
     assert torch.equal(probs[2:], torch.nn.functional.one_hot(torch.tensor([5, 0, 7]), 8).float())
     assert hybrid.extended_tokens() == 3
+    # a lookup round (right after an extended one) takes lookup_k tokens, the width of a costless draft, and
+    # reports none as extended
+    assert hybrid.propose(context + [3, 4], 2, scores, sample=False, lookup_k=3) == ([5, 0, 7], None)
+    assert hybrid.last_round_costless() and hybrid.extended_tokens() == 0
+    assert hybrid.propose(context + [3, 4], 2, scores, sample=False) == ([5, 0], None)  # k without lookup_k
     runner.passes = 0
     assert hybrid.propose([3, 4, 7], 3, scores, sample=False) == ([0, 1, 2], None)  # never matches: k drafts
     assert runner.passes == 3 and hybrid.extended_tokens() == 0
-    # a lookup round takes lookup_k tokens (the width of a costless draft), a model round k
-    assert hybrid.propose(context + [3, 4], 2, scores, sample=False, lookup_k=3) == ([5, 0, 7], None)
-    assert hybrid.last_round_costless() and hybrid.extended_tokens() == 0
-    assert hybrid.propose(context + [3, 4], 2, scores, sample=False) == ([5, 0], None)
 
 
 def test_sampling_with_lookup_ended_chains_follows_the_target_distribution():

@@ -19,7 +19,7 @@ rejected opening rounds); a hybrid drops its draft model and keeps its prompt lo
 loop hands the rest of a request whose speculation is off to the target's native engine only where
 that saves time (:meth:`CostModel.handover_pays`): the engine prefills the whole context again
 (0.1-0.7 s for the bench's prompts on SmolLM2-135M here) and saves about 1 ms a step. The model also
-keeps the request's acceptance rate of each draft position and seconds per drafted token, from which the
+keeps the request's acceptance rate of each draft position and seconds per token a model drafted, from which the
 decode loop caps the draft length (:mod:`xpuspec.speculative.widths`); for a draft model, the rates start from
 the drafter's rates in its earlier requests (:class:`AcceptanceCounts`, kept by
 :class:`xpuspec.speculative.memory.SpeculationMemory`), so that one unlucky opening does not end a pair that
@@ -184,8 +184,8 @@ class CostModel:
         the seconds spent drafting them, and how many of them cost nothing (looked up: a hybrid's lookup
         round, or the lookup that ended its draft model's chain), which :meth:`draft_step` leaves out."""
         self.drafted += drafted - free
+        self.draft_s += draft_s if drafted > free else 0.0  # a round of looked-up drafts only costs nothing
         judged = accepted + (accepted < drafted)  # drafts are judged until the first rejection
-        self.draft_s += draft_s
         for counts in (self.rounds.judged, self.rounds.accepted):
             counts.extend([0] * (judged - len(counts)))
         for j in range(judged):

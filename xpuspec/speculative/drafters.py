@@ -151,6 +151,7 @@ class ModelDrafter(Drafter):
     def reset(self) -> None:
         self.runner.reset()
         self.tokens = []
+        self.extended = 0
 
     def extended_tokens(self) -> int:
         return self.extended
@@ -248,6 +249,7 @@ class HybridDrafter(Drafter):
 
     def reset(self) -> None:
         self.model.reset()
+        self._looked_up = False
 
     @property
     def busy_s(self) -> Optional[float]:
