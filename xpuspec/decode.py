@@ -300,26 +300,26 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
             verify_s = list(measure_widths(target, context[-1], min(widest, room + 1)).values())
             if len(remembered_widths(target)) > timed:  # measured now, not remembered from an earlier request
                 stats.extra["verify_widths_measured_s"] = round(time.perf_counter() - t0, 3)
-        cap = lookup_cap = None
+        cap = None
         if verify_s is not None:
             longest = len(verify_s) - 1
-            rates, past = cost.acceptance_by_position(longest), DRAFTS_PAST_THE_OPTIMUM * (speculative and n == len(drafts))
+            rates = cost.acceptance_by_position(longest)
+            past = DRAFTS_PAST_THE_OPTIMUM * (speculative and n == len(drafts))
             cap = min(best_draft_length(rates, cost.draft_step(), verify_s) + past, longest)
-            lookup_cap = min(best_draft_length(rates, 0.0, verify_s) + past, longest)  # a looked-up token costs nothing
             if schedule.schedule == "heuristic":  # grow from the cap, not past it
                 k = min(k, cap)
         width = min(k, room if cap is None else min(cap, room)) if drafting else 0
         t0 = time.perf_counter()
         if width > 0 and isinstance(proposer, HybridDrafter):  # its lookup rounds get the width of a costless draft
-            lookup_width = width if lookup_cap is None else max(width, min(lookup_cap, room))
+            lookup_width = width if cap is None else max(width, min(best_draft_length(rates, 0.0, verify_s) + past,
+                                                                    longest, room))
             drafts, draft_probs = proposer.propose(context, width, score, sample, schedule.confidence_threshold,
                                                    lookup_k=lookup_width)
         else:
             drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold)
                                    if width > 0 else ([], None))
         t1 = time.perf_counter()
-        free_drafts = 0 if width == 0 else (len(drafts) if proposer.costless or proposer.last_round_costless()
-                                            else proposer.extended_tokens())
+        free_drafts = 0 if width == 0 else (len(drafts) if proposer.last_round_costless() else proposer.extended_tokens())
         guessed = 0
         if guesser is not None and not drafts:
             drafts = guesser.lookup(context, free)

@@ -73,6 +73,9 @@ class AcceptanceCounts:
     judged: List[float]
     accepted: List[float]
 
+    def copy(self) -> "AcceptanceCounts":
+        return AcceptanceCounts(list(self.judged), list(self.accepted))
+
 
 #: The fastest plain step of each target's last timed request, seconds (see :func:`remembered_plain_step`).
 _PLAIN_STEP_S = weakref.WeakKeyDictionary()
@@ -217,9 +220,7 @@ class CostModel:
     def counts(self) -> AcceptanceCounts:
         """A copy of this request's rounds judged and accepted per draft position; where a hybrid dropped its
         draft model, those of the rounds before (the later ones are its prompt lookup's)."""
-        if self.before_drop is not None:
-            return self.before_drop
-        return AcceptanceCounts(list(self.rounds.judged), list(self.rounds.accepted))
+        return (self.rounds if self.before_drop is None else self.before_drop).copy()
 
     def draft_step(self) -> float:
         """Seconds per token a model drafted in this request (0 before any, and for prompt lookup)."""

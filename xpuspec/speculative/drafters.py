@@ -218,7 +218,8 @@ class ModelDrafter(Drafter):
             if found:
                 tokens += found
                 self.extended = len(found)
-                probs += [torch.nn.functional.one_hot(torch.tensor(t), self.vocab_size).float() for t in found]
+                if need_probs:
+                    probs += [torch.nn.functional.one_hot(torch.tensor(t), self.vocab_size).float() for t in found]
                 break
             if i + 1 < k:
                 logits = self.runner.forward([token])[-1:]

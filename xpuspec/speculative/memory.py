@@ -64,7 +64,7 @@ class SpeculationMemory:
         record = self._records.get(key)
         if record is None or record.acceptance is None:
             return None
-        return AcceptanceCounts(list(record.acceptance.judged), list(record.acceptance.accepted))  # a copy
+        return record.acceptance.copy()
 
     def record(self, key: Hashable, switched_off: bool, cannot_pay: bool = False,
                acceptance: Optional[AcceptanceCounts] = None) -> None:
@@ -81,7 +81,7 @@ class SpeculationMemory:
 def _added(earlier: Optional[AcceptanceCounts], new: AcceptanceCounts) -> AcceptanceCounts:
     """``new`` plus ``earlier`` weighed by :data:`DECAY`, position by position."""
     if earlier is None:
-        return AcceptanceCounts(list(new.judged), list(new.accepted))
+        return new.copy()
 
     def add(old, now):
         size = max(len(old), len(now))
