@@ -5,7 +5,7 @@ greedy engine) gives the tokens of its own loop."""
 import pytest
 import torch
 
-from xpuspec import AutoModelForCausalLM
+from xpuspec import AutoModelForCausalLM, SpeculativeConfig
 from xpuspec.errors import PipelineConfigError
 
 from conftest import MODEL, PROMPTS
@@ -116,3 +116,44 @@ def test_a_kv_cache_precision_the_cpu_refuses_is_named(smollm2_path):
     model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
                                                  ov_config={"KV_CACHE_PRECISION": "u8"})
     assert model.runner.configs[0]["INFERENCE_PRECISION_HINT"] == "f32"  # xpuspec's default on every CPU
+
+
+def test_a_step_copy_shares_the_kv_cache(ov_int8, tokenizer):
+    """One compiled copy until told the widths alternate; the step copy then compiled reads and extends the
+    cache the wide passes wrote, also across a growth of the cache, as a fresh forward computes it."""
+    from xpuspec_openvino.paged import PagedRunner
+
+    runner = PagedRunner(ov_int8.backend.core, ov_int8.runner.folder, "cpu", ov_int8.runner.configs[0], capacity=1)
+    assert runner.compiled_copies == 1
+    ids = tokenizer(" ".join(PROMPTS) * 3).input_ids
+    start, end = 40, 40 + runner.block_size + 3  # the steps cross a block boundary: the cache grows
+    assert len(ids) >= end
+    runner.forward(ids[:start])
+    runner.expect_mixed_widths()
+    runner.expect_mixed_widths()  # once
+    assert runner.compiled_copies == 2
+    steps = torch.cat([runner.forward([t]) for t in ids[start:end]])
+    assert runner._step is not runner._wide and runner.capacity >= end
+    runner.reset()
+    fresh = runner.forward(ids[:end])[start:]
+    assert torch.allclose(steps, fresh, atol=1e-3), float((steps - fresh).abs().max())
+
+
+def test_only_alternating_loops_get_a_step_copy(tokenizer):
+    """Plain decoding and a target verifying a draft model's rounds keep one compiled copy; a draft model and a
+    prompt-lookup target get the second at their first speculative request; the output is the plain output."""
+    ids = tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    plain = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym")
+    expected = plain.generate(ids, max_new_tokens=24, do_sample=False)
+    assert plain.runner.compiled_copies == 1
+    lookup = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                                  speculative="prompt_lookup")
+    assert lookup.runner.compiled_copies == 1
+    assert torch.equal(lookup.generate(ids, max_new_tokens=24, do_sample=False), expected)
+    assert lookup.runner.compiled_copies == 2
+    drafted = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                                   speculative=SpeculativeConfig(mode="self", cost_model=False))
+    assert torch.equal(drafted.generate(ids, max_new_tokens=24, do_sample=False), expected)
+    assert (drafted.runner.compiled_copies, drafted.draft_model.runner.compiled_copies) == (1, 2)
+    assert torch.equal(plain.generate(ids, max_new_tokens=24, do_sample=False, prompt_lookup_num_tokens=3), expected)
+    assert plain.runner.compiled_copies == 2  # generate's own prompt lookup

@@ -85,6 +85,13 @@ class Runner(ABC):
         """
         return None
 
+    def expect_mixed_widths(self) -> None:
+        """A hint that this runner's passes will alternate between 1-token steps and wider passes (a draft
+        model drafting and catching up, a target whose prompt lookup finds no match in some rounds). A backend
+        for which each change of input width costs a re-preparation may prepare for both here, once (OpenVINO
+        paged runner: a second compiled copy for the steps, which holds a second copy of the weights). It does
+        not change any output. Default: nothing."""
+
     @abstractmethod
     def rollback(self, n: int) -> None:
         """Drop the last ``n`` tokens from the KV cache (0 <= n <= length)."""

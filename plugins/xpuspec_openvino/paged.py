@@ -1,4 +1,5 @@
-"""Runner over the paged-attention form of an OpenVINO LLM IR, with two compiled copies.
+"""Runner over the paged-attention form of an OpenVINO LLM IR: one compiled copy, and a second for 1-token steps
+where the passes alternate widths.
 
 OpenVINO's ``paged_attention_transformation`` (the one openvino_genai applies for its default
 ``ATTENTION_BACKEND="PA"``) turns the stateful IR into a stateless one: the KV cache becomes inputs
@@ -11,11 +12,26 @@ int64 ``[n]``; ``logits`` come out as ``[n, 1, vocab]``.
 Owning the cache buys two things a stateful model cannot give a speculative loop:
 
 * **Rollback is free and exact**: tokens past ``past_lens`` are simply overwritten by the next pass.
-* **Two compiled copies share one cache**: one runs only 1-token steps (see below), the other every wider pass
+* **Two compiled copies can share one cache**: one runs only 1-token steps, the other every wider pass
   (prefill, padded verify). The CPU plugin re-prepares a model whenever its input length changes;
   alternating 1-token steps with 6-token verify passes on one model cost 23.1 and 38.0 ms against
   17.7 and 32.8 ms when each width has its own copy (SmolLM2-135M int8_asym, f32 KV cache, context
   300, 2-core AVX2 CPU, median of 20, session script). A 6-token verify then costs 1.9x a 1-token step.
+
+**The second copy only where the widths alternate.** Each compiled copy holds its own repacked weights:
+on a 2-core Xeon with AMX, Qwen2.5-Coder-1.5B int8_asym held 3253 MiB of anonymous memory with two copies
+and 1752 with one (after loading; its 1601 MiB of mapped IR alike), while alternating 2- and 6-token passes
+cost 81.1 and 100.8 ms with two copies against 92.5 and 108.5 on one. Most loops do not alternate: plain
+decoding prefills once and then steps; a target verifying a draft model's rounds runs one padded width. So
+a runner compiles one copy, and a second for the steps when told the passes will alternate
+(:meth:`PagedRunner.expect_mixed_widths`: a draft model, a prompt-lookup target). Measured in one process,
+the variants alternated per prompt, outputs identical (same Xeon, greedy, session script): one copy against
+two for the target, Qwen2.5-Coder 1.5B int8 + 0.5B int4 hybrid 23.1 against 22.5 tok/s, SmolLM2 plain 102.1
+against 103.2 and self-speculation 105.3 against 105.7; but SmolLM2 prompt lookup 139.4 against 145.3, and
+the Qwen hybrid's draft on one copy 21.7 against 23.1. A hybrid's target keeps one copy also once its draft
+model is dropped and its lookup alone alternates (SmolLM2 hybrid, which drops it: 146.9 against 153.3 tok/s
+with two): the Qwen hybrid drops it in some requests, and a second copy then would hold 1.5 GB more for the
+rest of the model's life (peak RSS 6054 against 4555 MiB after one such request).
 
 Measured against the stateful SDPA runner on the same IR: prompt logits agree within 3e-5, 30
 greedy steps within 5.4e-5 with no argmax flip (AVX2 CPU).
@@ -33,6 +49,7 @@ plain output. openvino_genai's engine steps one token at a time, so it does not 
 runner.
 """
 
+import logging
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -46,6 +63,8 @@ from xpuspec.runner import Runner, on_whole_vocabulary
 from .genai_engine import GenAIGreedy
 from .graph import LOGITS_TO_KEEP, keep_head_rows, keep_last_logits, num_layers
 from .ir import MODEL_BIN, read_ir
+
+log = logging.getLogger("xpuspec")
 
 #: Tokens the KV cache holds at first; it doubles (one copy) when a request needs more.
 INITIAL_CAPACITY = 1024
@@ -131,17 +150,19 @@ class PagedRunner(Runner):
         self.head_tokens = (None if head_tokens is None
                             else torch.as_tensor(keep_head_rows(model, head_tokens), dtype=torch.long))
         paged_model(model)
-        compiled = [core.compile_model(model, device.upper(), config) for _ in range(2)]
-        self._step, self._wide = (c.create_infer_request() for c in compiled)
-        self._cache_inputs = [i for i in compiled[0].inputs if i.any_name.split(".")[0] in ("key_cache", "value_cache")]
-        unknown = {i.any_name for i in compiled[0].inputs} - set(_DESCRIPTORS) - {i.any_name for i in self._cache_inputs}
+        self._core, self._model = core, model  # for a step copy (the compiled model keeps the constants anyway)
+        compiled = core.compile_model(model, device.upper(), self.configs[0])
+        self._wide = compiled.create_infer_request()
+        self._step = self._wide  # until expect_mixed_widths() compiles a copy of its own
+        self._cache_inputs = [i for i in compiled.inputs if i.any_name.split(".")[0] in ("key_cache", "value_cache")]
+        unknown = {i.any_name for i in compiled.inputs} - set(_DESCRIPTORS) - {i.any_name for i in self._cache_inputs}
         if unknown:
             raise ModelSourceError(f"The paged-attention model has inputs xpuspec does not feed: {sorted(unknown)}. "
                                    "Load it with ov_config={'ATTENTION_BACKEND': 'SDPA'}.")
         value_shape = next(i for i in self._cache_inputs if i.any_name.startswith("value_cache")).partial_shape
         self.block_size = int(value_shape[2].get_length())
         self.weight_bytes = (self.folder / MODEL_BIN).stat().st_size
-        self.execution_devices = [str(d) for d in compiled[0].get_property("EXECUTION_DEVICES")]
+        self.execution_devices = [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]
         self._blocks = 0
         self._length = 0
         self._grow(capacity)
@@ -164,6 +185,22 @@ class PagedRunner(Runner):
         return self._length
 
     @property
+    def compiled_copies(self) -> int:
+        """Compiled copies of the model this runner holds: 1, or 2 after :meth:`expect_mixed_widths`."""
+        return 1 if self._step is self._wide else 2
+
+    def expect_mixed_widths(self) -> None:
+        """Compile a second copy for the 1-token steps (once; see the module docstring). It shares the KV
+        cache and holds a second copy of the weights (the RSS grows by about the size of the IR's weights)."""
+        if self._step is not self._wide:
+            return
+        log.info("%s: a second compiled copy for 1-token steps (about %.0f MiB more)", self.folder.name,
+                 self.weight_bytes / 2**20)
+        self._step = self._core.compile_model(self._model, self.device.upper(), self.configs[0]).create_infer_request()
+        for port in self._cache_inputs:
+            self._step.set_tensor(port.any_name, self._wide.get_tensor(port.any_name))
+
+    @property
     def device_map(self) -> List[dict]:
         return [{"stage": 0, "device": self.device, "layers": [0, self.num_layers], "weight_bytes": self.weight_bytes,
                  "execution_devices": self.execution_devices}]
@@ -180,7 +217,7 @@ class PagedRunner(Runner):
             shape = [blocks] + [d.get_length() for d in list(port.partial_shape)[1:]]
             tensor = ov.Tensor(port.element_type, shape)
             if self._blocks:
-                tensor.data[: self._blocks] = self._step.get_tensor(port.any_name).data
+                tensor.data[: self._blocks] = self._wide.get_tensor(port.any_name).data
             else:
                 tensor.data[:] = 0
             self._step.set_tensor(port.any_name, tensor)

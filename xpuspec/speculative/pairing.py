@@ -62,6 +62,8 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
     base = spec or SpeculativeConfig()
     lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode == "prompt_lookup" else None
     drafter = _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens) if enabled else None
+    if isinstance(drafter, PromptLookupDrafter):  # rounds without a match are 1-token steps between verify passes
+        target.runner.expect_mixed_widths()
     schedule = DraftSchedule(
         num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
                                     base.draft_length),
@@ -105,6 +107,7 @@ def _model_drafter(target, draft, spec):
     by default, when the draft runs on a device that none of the target's stages uses."""
     if draft.runner is not target.runner:  # a draft's 1-token passes need not compute as its wider ones
         draft.runner.single_step_width = 1
+        draft.runner.expect_mixed_widths()  # drafting steps between the passes that catch up on accepted tokens
     model = ModelDrafter(draft.runner, target.runner.vocab_size)
     overlap = spec.overlap if spec is not None else None
     if overlap is None:
