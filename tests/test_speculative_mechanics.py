@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xpuspec import AutoModelForCausalLM, DraftMismatchError, SpeculativeConfig, SpeculativeConfigError
-from xpuspec.speculative.drafters import HybridDrafter, PromptLookupDrafter
+from xpuspec.speculative.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from xpuspec.speculative.verify import greedy_accept, rejection_sample
 
 from tiny import WORDS, tiny_model
@@ -581,3 +581,55 @@ def test_sampling_with_lookup_ended_chains_follows_the_target_distribution():
             prefix.append(t)
         tv += 0.5 * abs(counts.get(seq, 0) / trials - exact)
     assert tv < 0.06
+
+
+def test_the_first_token_comes_before_the_draft_models_prefill(tiny_pair):
+    """The target's prefill alone gives the first token: the draft model prefills once drafting begins (TTFT
+    without the draft's prefill, as openvino_genai's speculative pipeline); the output stays the plain output."""
+    target, draft = tiny_pair
+    events = []
+
+    class Streamer:
+        def put(self, value):
+            events.append(("token", value.numel()))
+
+        def end(self):
+            pass
+
+    forward = draft.runner.forward
+    draft.runner.forward = lambda tokens, logits_to_keep=None: events.append(("draft", len(tokens))) or forward(
+        tokens, logits_to_keep)
+    try:
+        ids = torch.tensor([[1, 5, 6, 7, 5, 6]])
+        out = target.generate(input_ids=ids, max_new_tokens=6, do_sample=False, streamer=Streamer())
+    finally:
+        del draft.runner.forward
+    assert torch.equal(out, target.generate(input_ids=ids, max_new_tokens=6, do_sample=False, speculative=False))
+    first_draft = next(i for i, e in enumerate(events) if e[0] == "draft")
+    assert events[:2] == [("token", 6), ("token", 1)]  # the prompt, then the first new token
+    assert first_draft == 2 and events[first_draft] == ("draft", len(ids[0]) + 1)  # prompt + first token at once
+
+
+def test_a_draft_prefills_only_its_context_length(tiny_pair):
+    """A draft model started with context_length=4 on a 9-token context prefills its last 4 tokens and follows
+    every token after: it proposes what the same draft proposes when the request starts at those 4 tokens."""
+    target, draft = tiny_pair
+    context, score = [1, 5, 6, 7, 5, 6, 2, 3, 4], (lambda prefix, logits: logits)
+    windowed = ModelDrafter(draft.runner, target.runner.vocab_size, context_length=4)
+    windowed.start(context, score, False)
+    assert draft.runner.length == 4
+    ahead = windowed.propose(context + [5], 3, score, False)[0]
+    assert windowed.tokens == context[-4:] + [5] + ahead[:-1]
+    alone = ModelDrafter(draft.runner, target.runner.vocab_size)
+    alone.start(context[-4:], score, False)
+    assert alone.propose(context[-4:] + [5], 3, score, False)[0] == ahead
+    windowed.start(context[:3], score, False)  # a context shorter than the length: all of it
+    assert draft.runner.length == 3
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "64"])
+def test_bad_draft_context_lengths_are_refused_by_name(value):
+    with pytest.raises(SpeculativeConfigError, match="draft_context_length"):
+        SpeculativeConfig(mode="hybrid", draft_context_length=value)
+    with pytest.raises(SpeculativeConfigError, match="draft_context_length"):
+        SpeculativeConfig(mode="prompt_lookup", draft_context_length=8)

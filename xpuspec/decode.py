@@ -3,7 +3,10 @@
 Each round the target verifies ``[pending] + drafts`` in one forward pass, where ``pending``
 is the last emitted token (not yet in the target's KV cache). Without a drafter (or with
 speculation switched off) the round has no drafts and is a plain decode step. After a
-partial accept the target's KV cache is rolled back past the rejected drafts.
+partial accept the target's KV cache is rolled back past the rejected drafts. The first token
+comes from the target's prefill alone: a draft model prefills when drafting begins, after it
+(``Drafter.starts_before_prefill``; openvino_genai's speculative pipeline, too, gives its first token
+at its plain TTFT), so its prefill counts in the decode time and not in the TTFT.
 
 Adaptive draft length: the heuristic schedule (+2 after a full accept, -1 otherwise, as in
 transformers; prompt lookup keeps a constant length, as transformers' does), capped by the draft
@@ -129,7 +132,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
         score = _length_rule_score(config, len(prompt))
 
     target.reset()
-    if drafter is not None:
+    if drafter is not None and drafter.starts_before_prefill:  # others start in the loop, after the first token
         drafter.start(list(prompt), score, bool(config.do_sample), schedule.confidence_threshold)
     try:
         return _loop(target, prompt, config, streamer, drafter, schedule, score, start,
@@ -214,6 +217,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     context, new, scores, raw = list(prompt), [], [], []
     k, active, first = schedule.num_assistant_tokens, drafter is not None, None
     proposer = drafter  # what drafts: the drafter, or a hybrid's prompt lookup once its draft model is dropped
+    started = drafter is None or drafter.starts_before_prefill
     free = 0 if sample else target.single_step_width - 1  # slots a 1-token step pays for anyway (module docstring)
     guesser = PromptLookupDrafter(STEP_GUESS_NGRAM, 1) if free else None
     guessed = 0  # guesses in the last round
@@ -293,6 +297,9 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
                     stats.extra["engine"] = "native after speculation"
                     break
         drafting = active and not cost.measuring() and not cost.paused(len(new))
+        if drafting and not started:  # the draft model's prefill, once the first token is out (TTFT)
+            drafter.start(list(context), score, sample, schedule.confidence_threshold)
+            started = True
         room = limit - len(new) - 1  # drafts this round may hold
         if drafting and cost.enabled and verify_s is None and room > 0:  # once, after the first token is out
             timed = len(remembered_widths(target))

@@ -66,6 +66,10 @@ class SpeculativeConfig:
             its head (OpenVINO on CPU and GPU) and its vocabulary is at least twice as large; ``0``: the
             whole vocabulary. It applies to the draft ``from_pretrained`` loads; an ``assistant_model``
             given to ``generate`` keeps the head it was loaded with.
+        draft_context_length: the draft model prefills only this many last tokens of the context it starts
+            from (:class:`~xpuspec.speculative.drafters.ModelDrafter`); it sees every token after them. A
+            cheaper draft prefill, output unchanged (the target verifies every draft). ``None``:
+            :data:`~xpuspec.speculative.drafters.DEFAULT_DRAFT_CONTEXT_LENGTH`; ``0``: the whole context.
     """
 
     mode: str = "self"
@@ -82,6 +86,7 @@ class SpeculativeConfig:
     cost_model: bool = True
     overlap: Optional[bool] = None
     draft_vocab_size: Optional[int] = None
+    draft_context_length: Optional[int] = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -106,6 +111,12 @@ class SpeculativeConfig:
                                          f"(the default), got {self.draft_vocab_size!r}.")
         if self.mode == "prompt_lookup" and self.draft_vocab_size:
             raise SpeculativeConfigError("prompt_lookup uses no draft model: drop draft_vocab_size=.")
+        length = self.draft_context_length
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 0):
+            raise SpeculativeConfigError(f"draft_context_length must be an int >= 1, 0 (the whole context) or None "
+                                         f"(the default), got {length!r}.")
+        if self.mode == "prompt_lookup" and length:
+            raise SpeculativeConfigError("prompt_lookup uses no draft model: drop draft_context_length=.")
         if self.mode == "prompt_lookup" and self.overlap:
             raise SpeculativeConfigError(
                 "overlap=True needs a draft model; prompt lookup drafts in microseconds and has nothing to "

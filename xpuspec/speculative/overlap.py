@@ -44,6 +44,7 @@ class OverlappedDrafter(Drafter):
     """
 
     stochastic = True
+    starts_before_prefill = True  # its worker prefills the draft while the target prefills
 
     def __init__(self, model: ModelDrafter, max_ahead: int = MAX_AHEAD):
         if max_ahead < 1:

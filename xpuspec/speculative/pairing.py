@@ -5,7 +5,7 @@ from functools import lru_cache
 from ..decode import DraftSchedule
 from ..errors import DraftMismatchError
 from .config import SpeculativeConfig
-from .drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from .overlap import OverlappedDrafter
 
 
@@ -108,7 +108,9 @@ def _model_drafter(target, draft, spec):
     if draft.runner is not target.runner:  # a draft's 1-token passes need not compute as its wider ones
         draft.runner.single_step_width = 1
         draft.runner.expect_mixed_widths()  # drafting steps between the passes that catch up on accepted tokens
-    model = ModelDrafter(draft.runner, target.runner.vocab_size)
+    length = None if spec is None else spec.draft_context_length
+    model = ModelDrafter(draft.runner, target.runner.vocab_size,
+                         DEFAULT_DRAFT_CONTEXT_LENGTH if length is None else length)
     overlap = spec.overlap if spec is not None else None
     if overlap is None:
         overlap = set(draft.runner.device.split(",")).isdisjoint(target.runner.device.split(","))
