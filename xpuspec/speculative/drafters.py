@@ -182,10 +182,14 @@ class ModelDrafter(Drafter):
     def start(self, context, score, sample, threshold=0.0) -> None:
         """Reset and prefill the draft with ``context`` now, so that the first round the cost model
         times is a drafting round and not the draft's prefill."""
+        self.begin(context)
+        self._sync(context)
+
+    def begin(self, context: List[int]) -> None:
+        """Reset for a request starting at ``context``, of which the draft will see the last ``context_length``."""
         self.reset()
         if self.context_length:
             self.skip = max(0, len(context) - self.context_length)
-        self._sync(context)
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits on the target's vocabulary: padded rows cut off, missing rows at -inf."""

@@ -71,7 +71,7 @@ class OverlappedDrafter(Drafter):
     def start(self, context, score, sample, threshold=0.0) -> None:
         """Start drafting after ``context`` (the prompt) at once, overlapping the target's prefill."""
         self.stop()
-        self.model.reset()
+        self.model.begin(context)
         self._init_state(context)
         self._thread = threading.Thread(target=self._work, args=(score, sample), name="xpuspec-draft", daemon=True)
         self._thread.start()
