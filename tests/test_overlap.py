@@ -22,7 +22,7 @@ class CountingDraft(ModelDrafter):
     """A fake draft whose next token is (last + 1) % VOCAB; optionally fails on a given token."""
 
     def __init__(self, fail_on=None):
-        self.vocab_size, self.fail_on, self.calls = VOCAB, fail_on, 0
+        self.vocab_size, self.fail_on, self.calls, self.context_length = VOCAB, fail_on, 0, 0
 
     def reset(self):
         pass
