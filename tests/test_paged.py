@@ -149,6 +149,9 @@ def test_only_alternating_loops_get_a_step_copy(tokenizer):
     lookup = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
                                                   speculative="prompt_lookup")
     assert lookup.runner.compiled_copies == 1
+    with pytest.raises(NotImplementedError):
+        lookup.generate(ids, max_new_tokens=24, num_beams=2)  # refused before anything is compiled
+    assert lookup.runner.compiled_copies == 1
     assert torch.equal(lookup.generate(ids, max_new_tokens=24, do_sample=False), expected)
     assert lookup.runner.compiled_copies == 2
     drafted = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",

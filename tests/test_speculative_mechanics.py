@@ -7,6 +7,7 @@ import torch
 
 from xpuspec import AutoModelForCausalLM, DraftMismatchError, SpeculativeConfig, SpeculativeConfigError
 from xpuspec.speculative.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from xpuspec.speculative.overlap import OverlappedDrafter
 from xpuspec.speculative.verify import greedy_accept, rejection_sample
 
 from tiny import WORDS, tiny_model
@@ -596,18 +597,30 @@ def test_the_first_token_comes_before_the_draft_models_prefill(tiny_pair):
         def end(self):
             pass
 
-    forward = draft.runner.forward
+    forward, rollback = draft.runner.forward, draft.runner.rollback
     draft.runner.forward = lambda tokens, logits_to_keep=None: events.append(("draft", len(tokens))) or forward(
         tokens, logits_to_keep)
+    draft.runner.rollback = lambda n: (events.append(("rollback", n)) if n else None) or rollback(n)
+    ids = torch.tensor([[1, 5, 6, 7, 5, 6]])
     try:
-        ids = torch.tensor([[1, 5, 6, 7, 5, 6]])
         out = target.generate(input_ids=ids, max_new_tokens=6, do_sample=False, streamer=Streamer())
+        calls = len(events)
+        target.generate(input_ids=ids, max_new_tokens=2, do_sample=False)  # no round can hold a draft
+        assert len(events) == calls  # so the draft never prefills
     finally:
-        del draft.runner.forward
+        del draft.runner.forward, draft.runner.rollback
     assert torch.equal(out, target.generate(input_ids=ids, max_new_tokens=6, do_sample=False, speculative=False))
-    first_draft = next(i for i, e in enumerate(events) if e[0] == "draft")
     assert events[:2] == [("token", 6), ("token", 1)]  # the prompt, then the first new token
-    assert first_draft == 2 and events[first_draft] == ("draft", len(ids[0]) + 1)  # prompt + first token at once
+    assert events[2:4] == [("draft", 6), ("draft", 1)]  # the draft's prefill, then its first step: nothing fed twice
+
+
+def test_an_overlapped_draft_model_starts_before_the_prefill_also_in_a_hybrid(tiny_pair):
+    """Only a draft model computing in its own thread prefills beside the target's prefill."""
+    target, draft = tiny_pair
+    model = ModelDrafter(draft.runner, target.runner.vocab_size)
+    lookup = PromptLookupDrafter(3, 3)
+    assert not model.starts_before_prefill and not HybridDrafter(lookup, model).starts_before_prefill
+    assert HybridDrafter(lookup, OverlappedDrafter(model)).starts_before_prefill
 
 
 def test_a_draft_prefills_only_its_context_length(tiny_pair):

@@ -5,8 +5,9 @@ is the last emitted token (not yet in the target's KV cache). Without a drafter 
 speculation switched off) the round has no drafts and is a plain decode step. After a
 partial accept the target's KV cache is rolled back past the rejected drafts. The first token
 comes from the target's prefill alone: a draft model prefills when drafting begins, after it
-(``Drafter.starts_before_prefill``; openvino_genai's speculative pipeline, too, gives its first token
-at its plain TTFT), so its prefill counts in the decode time and not in the TTFT.
+(openvino_genai's speculative pipeline, too, gives its first token at its plain TTFT), so its prefill
+counts in the decode time and not in the TTFT; an overlapped draft model, which computes in its own
+thread on its own device, prefills beside the target's prefill (``Drafter.starts_before_prefill``).
 
 Adaptive draft length: the heuristic schedule (+2 after a full accept, -1 otherwise, as in
 transformers; prompt lookup keeps a constant length, as transformers' does), capped by the draft
@@ -297,10 +298,10 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
                     stats.extra["engine"] = "native after speculation"
                     break
         drafting = active and not cost.measuring() and not cost.paused(len(new))
-        if drafting and not started:  # the draft model's prefill, once the first token is out (TTFT)
-            drafter.start(list(context), score, sample, schedule.confidence_threshold)
-            started = True
         room = limit - len(new) - 1  # drafts this round may hold
+        if drafting and not started and room > 0:  # the draft model's prefill, once the first token is out (TTFT)
+            drafter.start(context[:-1], score, sample, schedule.confidence_threshold)  # propose feeds the last
+            started = True
         if drafting and cost.enabled and verify_s is None and room > 0:  # once, after the first token is out
             timed = len(remembered_widths(target))
             t0 = time.perf_counter()

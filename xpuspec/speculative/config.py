@@ -68,8 +68,10 @@ class SpeculativeConfig:
             given to ``generate`` keeps the head it was loaded with.
         draft_context_length: the draft model prefills only this many last tokens of the context it starts
             from (:class:`~xpuspec.speculative.drafters.ModelDrafter`); it sees every token after them. A
-            cheaper draft prefill, output unchanged (the target verifies every draft). ``None``:
-            :data:`~xpuspec.speculative.drafters.DEFAULT_DRAFT_CONTEXT_LENGTH`; ``0``: the whole context.
+            cheaper draft prefill; the target verifies every draft, so greedy output is unchanged and sampled
+            output follows the target's distribution (a seeded run may draw other tokens). ``None``:
+            :data:`~xpuspec.speculative.drafters.DEFAULT_DRAFT_CONTEXT_LENGTH`; ``0``: the whole context. An
+            ``assistant_model`` given to ``generate`` takes this model's value (the default without one).
     """
 
     mode: str = "self"

@@ -76,8 +76,9 @@ class Drafter(ABC):
         """Forget per-request state."""
 
     def start(self, context: List[int], score: Score, sample: bool, threshold: float = 0.0) -> None:
-        """Begin a request at ``context`` (the prompt, or the tokens so far when drafting begins later; see
-        :attr:`starts_before_prefill`; arguments as for :meth:`propose`); default: :meth:`reset`."""
+        """Begin a request at ``context``: the prompt, or, when drafting begins later, the tokens so far but
+        the last, which the first :meth:`propose` feeds (see :attr:`starts_before_prefill`; arguments as for
+        :meth:`propose`); default: :meth:`reset`."""
         self.reset()
 
     def stop(self) -> None:
@@ -151,7 +152,7 @@ class ModelDrafter(Drafter):
     separate update call.
 
     The draft sees the context from at most ``context_length`` tokens before the point where
-    :meth:`start` began the request (positions counted from there), and every token after: its prefill
+    :meth:`start` (or :meth:`begin`) began the request (positions counted from there), and every token after: its prefill
     costs that many tokens instead of the whole prompt, and the target's verification keeps the output
     exact whatever the draft sees (a draft with a truncated view of the context, as MagicDec's StreamingLLM
     draft cache: Chen et al. 2024, "MagicDec: Breaking the Latency-Throughput Tradeoff for Long Context
@@ -277,6 +278,10 @@ class HybridDrafter(Drafter):
         self.lookup, self.model, self.fallback = lookup, model, fallback or lookup
         self.extension = PromptLookupDrafter(lookup.max_ngram, lookup.max_ngram)
         self._looked_up = False
+
+    @property
+    def starts_before_prefill(self) -> bool:
+        return self.model.starts_before_prefill  # an overlapped draft model prefills beside the target
 
     def reset(self) -> None:
         self.model.reset()

@@ -62,8 +62,6 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
     base = spec or SpeculativeConfig()
     lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode == "prompt_lookup" else None
     drafter = _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens) if enabled else None
-    if isinstance(drafter, PromptLookupDrafter):  # rounds without a match are 1-token steps between verify passes
-        target.runner.expect_mixed_widths()
     schedule = DraftSchedule(
         num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
                                     base.draft_length),
