@@ -152,9 +152,9 @@ class ModelDrafter(Drafter):
     separate update call.
 
     The draft sees the context from at most ``context_length`` tokens before the point where
-    :meth:`start` (or :meth:`begin`) began the request (positions counted from there), and every token after: its prefill
-    costs that many tokens instead of the whole prompt, and the target's verification keeps the output
-    exact whatever the draft sees (a draft with a truncated view of the context, as MagicDec's StreamingLLM
+    :meth:`start` (or :meth:`begin`) began the request (positions counted from there), and every token
+    after: its prefill costs that many tokens instead of the whole prompt, and the target's verification
+    keeps the output exact whatever the draft sees (a draft with a truncated view of the context, as MagicDec's StreamingLLM
     draft cache: Chen et al. 2024, "MagicDec: Breaking the Latency-Throughput Tradeoff for Long Context
     Generation with Speculative Decoding"). A hybrid's prompt lookup still searches the whole context.
     """
@@ -204,7 +204,7 @@ class ModelDrafter(Drafter):
         return self._fit(self._sync(context))
 
     def _sync(self, context: List[int]) -> torch.Tensor:
-        """Bring the draft cache to ``context`` (from ``skip`` on) and return the raw logits after it, ``[1, vocab]``."""
+        """Bring the draft cache to ``context`` (from ``skip`` on); return the raw logits after it, ``[1, vocab]``."""
         context = context[self.skip:]
         common = 0
         for a, b in zip(self.tokens, context):
