@@ -73,6 +73,8 @@ def test_system_names_are_checked():
         BenchSettings(systems=["hf"], baseline="genai").check()
     with pytest.raises(ValueError, match="--draft-vocab-size must be >= 0"):
         BenchSettings(systems=["hf"], draft_vocab_size=-5).check()
+    with pytest.raises(ValueError, match="--draft-context-length must be >= 0"):
+        BenchSettings(systems=["hf"], draft_context_length=-1).check()
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +87,8 @@ def tiny_report(tmp_path_factory):
     os.environ["XPUSPEC_CACHE"] = str(root / "cache")
     try:
         settings = BenchSettings(model=str(target), draft=str(draft), systems=list(SYSTEMS), max_new_tokens=8,
-                                 repeats=2, num_assistant_tokens=3, draft_vocab_size=8, bandwidth=10e9)
+                                 repeats=2, num_assistant_tokens=3, draft_vocab_size=8, draft_context_length=3,
+                                 bandwidth=10e9)
         yield run(settings, progress=False, log_dir=root / "logs", prompts=TINY_PROMPTS)
     finally:
         if old is None:
@@ -113,6 +116,7 @@ def test_every_system_runs_on_tiny_models(tiny_report):
     assert tiny_report["systems"]["xpuspec-spec:draft"]["settings"]["draft_ir"] == setup["draft_ir"]
     for name in ("xpuspec-spec:self", "xpuspec-spec:hybrid", "xpuspec-spec:draft", "xpuspec-overlap:draft"):
         assert tiny_report["systems"][name]["settings"]["draft_head_tokens"] == 8, name  # --draft-vocab-size 8 of 16
+        assert tiny_report["systems"][name]["settings"]["speculative"]["draft_context_length"] == 3, name
     summary = tiny_report["summary"]
     for name in SYSTEMS:
         figures = summary[name]["all"]

@@ -45,6 +45,9 @@ def test_bad_cli_input_gives_one_line_errors():
     for args, phrase in [(["generate", ""], "The prompt is empty"),
                          (["generate", "hi", "--num-assistant-tokens", "3"], "need --speculative MODE"),
                          (["generate", "hi", "--draft-vocab-size", "1024"], "need --speculative MODE"),
+                         (["generate", "hi", "--draft-context-length", "16"], "need --speculative MODE"),
+                         (["generate", "hi", "--speculative", "hybrid", "--draft-context-length", "-2"],
+                          "draft_context_length must be an int >= 1, 0"),
                          (["generate", "hi", "--speculative", "hybrid", "--draft-vocab-size", "-3"],
                           "draft_vocab_size must be an int >= 1, 0")]:
         done = _cli(*args)

@@ -36,9 +36,9 @@ def _generate(args) -> int:
     if not args.prompt.strip():
         raise ValueError("The prompt is empty; give some text to continue.")
     if args.speculative is None and (args.draft_low_bit or args.draft_device or args.num_assistant_tokens is not None
-                                     or args.draft_vocab_size is not None):
-        raise ValueError("--draft-low-bit, --draft-device, --num-assistant-tokens and --draft-vocab-size need "
-                         "--speculative MODE.")
+                                     or args.draft_vocab_size is not None or args.draft_context_length is not None):
+        raise ValueError("--draft-low-bit, --draft-device, --num-assistant-tokens, --draft-vocab-size and "
+                         "--draft-context-length need --speculative MODE.")
     if not args.pipeline_parallel_stages:
         _refuse_torchrun_without_stages()
     main_rank = _quiet_unless_rank_0() if args.pipeline_parallel_stages else True
@@ -126,7 +126,8 @@ def _speculative(args):
     base = resolve_speculative(True if args.speculative == "self" else args.speculative,
                               draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
     overrides = {key: value for key, value in (("num_assistant_tokens", args.num_assistant_tokens),
-                                               ("draft_vocab_size", args.draft_vocab_size)) if value is not None}
+                                               ("draft_vocab_size", args.draft_vocab_size),
+                                               ("draft_context_length", args.draft_context_length)) if value is not None}
     return SpeculativeConfig(**{**base.__dict__, **overrides})
 
 
@@ -209,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
                    help="the draft model scores only the N most frequent tokens (0: all; default 32768 where its "
                         "vocabulary has 65536 or more)")
+    p.add_argument("--draft-context-length", type=int, default=None, metavar="N",
+                   help="the draft model prefills only the last N tokens of the context (0: all; default 64)")
     p.add_argument("--pipeline-parallel-stages", type=int, default=None, metavar="N",
                    help="split the layers into N stages: over the devices of --device (a list such as cpu,cpux or "
                         "gpu.0,gpu.1), or under `torchrun --nproc-per-node N` one per process (torch backend)")

@@ -54,6 +54,8 @@ class BenchSettings:
         cost_model: xpuspec's speculation cost model.
         draft_vocab_size: tokens the LM head of xpuspec's draft models scores (``SpeculativeConfig.draft_vocab_size``;
             ``None``: xpuspec's default, 0: the whole vocabulary).
+        draft_context_length: context tokens xpuspec's draft models prefill
+            (``SpeculativeConfig.draft_context_length``; ``None``: xpuspec's default, 0: the whole context).
         bandwidth: read bandwidth in bytes/s to use instead of measuring it.
         tie_tolerance: top-2 logit margin under which an output divergence counts as a tie.
     """
@@ -72,6 +74,7 @@ class BenchSettings:
     num_assistant_tokens: Optional[int] = None
     cost_model: bool = True
     draft_vocab_size: Optional[int] = None
+    draft_context_length: Optional[int] = None
     bandwidth: Optional[float] = None
     tie_tolerance: float = 1e-3
 
@@ -89,6 +92,9 @@ class BenchSettings:
             raise ValueError("--repeats must be at least 1.")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 0:
             raise ValueError(f"--draft-vocab-size must be >= 0 (0: the whole vocabulary), not {self.draft_vocab_size}.")
+        if self.draft_context_length is not None and self.draft_context_length < 0:
+            raise ValueError(f"--draft-context-length must be >= 0 (0: the whole context), "
+                             f"not {self.draft_context_length}.")
         if self.interleave not in INTERLEAVE:
             raise ValueError(f"--interleave takes {' or '.join(INTERLEAVE)}, not {self.interleave!r}.")
 
@@ -197,7 +203,8 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
     setup = Setup(model=settings.model, ir="", low_bit=settings.low_bit, draft=settings.draft,
                   draft_low_bit=settings.draft_low_bit, kv_cache_precision=settings.kv_cache_precision,
                   num_assistant_tokens=settings.num_assistant_tokens, cost_model=settings.cost_model,
-                  draft_vocab_size=settings.draft_vocab_size, **{"hf_path": None, **_source_folders(settings)})
+                  draft_vocab_size=settings.draft_vocab_size, draft_context_length=settings.draft_context_length,
+                  **{"hf_path": None, **_source_folders(settings)})
     shared = settings.interleave == "prompt"
     references, outputs, systems_info = {}, [], {}
 
@@ -312,6 +319,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
                    help="xpuspec's draft models score only the N most frequent tokens (0: the whole vocabulary; "
                         "default: xpuspec's own, 32768 for vocabularies of 65536 or more)")
+    p.add_argument("--draft-context-length", type=int, default=None, metavar="N",
+                   help="xpuspec's draft models prefill only the last N context tokens (0: the whole context; "
+                        "default: xpuspec's own, 64)")
     p.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
                    help="read bandwidth in GB/s for the roofline, instead of measuring it")
     p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
@@ -335,7 +345,7 @@ def main(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, interleave=args.interleave,
         kv_cache_precision=None if args.kv_cache_precision == "default" else args.kv_cache_precision,
         num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,
-        draft_vocab_size=args.draft_vocab_size, bandwidth=args.bandwidth * 1e9 if args.bandwidth else None)
+        draft_vocab_size=args.draft_vocab_size, draft_context_length=args.draft_context_length, bandwidth=args.bandwidth * 1e9 if args.bandwidth else None)
     result = run(settings, progress=not args.no_progress, command=" ".join(["xpuspec"] + sys.argv[1:]))
     report.validate(result)
     print(report.markdown(result))

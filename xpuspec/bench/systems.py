@@ -44,6 +44,8 @@ class Setup:
         num_assistant_tokens: draft length k for every speculative system, or ``None`` for each tool's default.
         cost_model: xpuspec's speculation cost model on or off.
         draft_vocab_size: ``SpeculativeConfig.draft_vocab_size`` of xpuspec's draft models (``None``: its default).
+        draft_context_length: ``SpeculativeConfig.draft_context_length`` of xpuspec's draft models (``None``: its
+            default).
     """
 
     model: str
@@ -58,6 +60,7 @@ class Setup:
     num_assistant_tokens: Optional[int] = None
     cost_model: bool = True
     draft_vocab_size: Optional[int] = None
+    draft_context_length: Optional[int] = None
 
     def ov_properties(self) -> Dict[str, str]:
         """OpenVINO compile properties given to every OpenVINO system alike: a chosen KV-cache precision
@@ -346,6 +349,8 @@ class XpuspecSystem(System):
             draft = self.setup.draft if mode in ("draft", "hybrid") else None
             spec = SpeculativeConfig(mode=mode, draft=draft, cost_model=self.setup.cost_model, **k,
                                      draft_vocab_size=None if mode == "prompt_lookup" else self.setup.draft_vocab_size,
+                                     draft_context_length=None if mode == "prompt_lookup"
+                                     else self.setup.draft_context_length,
                                      draft_low_bit=None if mode in self.OWN_FORMAT else self.setup.draft_low_bit,
                                      overlap=overlap, draft_device=self.SECOND_CPU if overlap else None)
         device = f"cpu,{self.SECOND_CPU}" if kind == "xpuspec-pp2" else "cpu"
