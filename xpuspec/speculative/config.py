@@ -107,22 +107,22 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
             raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
-        size = self.draft_vocab_size
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
-            raise SpeculativeConfigError(f"draft_vocab_size must be an int >= 1, 0 (the whole vocabulary) or None "
-                                         f"(the default), got {self.draft_vocab_size!r}.")
-        if self.mode == "prompt_lookup" and self.draft_vocab_size:
-            raise SpeculativeConfigError("prompt_lookup uses no draft model: drop draft_vocab_size=.")
-        length = self.draft_context_length
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 0):
-            raise SpeculativeConfigError(f"draft_context_length must be an int >= 1, 0 (the whole context) or None "
-                                         f"(the default), got {length!r}.")
-        if self.mode == "prompt_lookup" and length:
-            raise SpeculativeConfigError("prompt_lookup uses no draft model: drop draft_context_length=.")
+        self._check_draft_count("draft_vocab_size", "vocabulary")
+        self._check_draft_count("draft_context_length", "context")
         if self.mode == "prompt_lookup" and self.overlap:
             raise SpeculativeConfigError(
                 "overlap=True needs a draft model; prompt lookup drafts in microseconds and has nothing to "
                 "overlap. Drop overlap= or pick mode 'self', 'layer_skip', 'hybrid' or 'draft'.")
+
+    def _check_draft_count(self, name: str, whole: str) -> None:
+        """A draft model's count option ``name``: None (the default), 0 (the ``whole`` ...) or an int >= 1,
+        and none with prompt lookup, which has no draft model."""
+        value = getattr(self, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SpeculativeConfigError(f"{name} must be an int >= 1, 0 (the whole {whole}) or None "
+                                         f"(the default), got {value!r}.")
+        if self.mode == "prompt_lookup" and value:
+            raise SpeculativeConfigError(f"prompt_lookup uses no draft model: drop {name}=.")
 
     @property
     def draft_length(self) -> int:
