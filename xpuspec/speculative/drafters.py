@@ -154,9 +154,9 @@ class ModelDrafter(Drafter):
     The draft sees the context from at most ``context_length`` tokens before the point where
     :meth:`start` (or :meth:`begin`) began the request (positions counted from there), and every token
     after: its prefill costs that many tokens instead of the whole prompt, and the target's verification
-    keeps the output exact whatever the draft sees (a draft with a truncated view of the context, as MagicDec's StreamingLLM
-    draft cache: Chen et al. 2024, "MagicDec: Breaking the Latency-Throughput Tradeoff for Long Context
-    Generation with Speculative Decoding"). A hybrid's prompt lookup still searches the whole context.
+    keeps the output exact whatever the draft sees (a draft with a truncated view of the context, as
+    MagicDec's StreamingLLM draft cache: Chen et al. 2024, "MagicDec: Breaking the Latency-Throughput
+    Tradeoff for Long Context Generation with Speculative Decoding"). A hybrid's prompt lookup still searches the whole context.
     """
 
     stochastic = True
