@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xpuspec import AutoModelForCausalLM, SpeculativeConfig
-from xpuspec.errors import PipelineConfigError
+from xpuspec.errors import PipelineConfigError, PromptTooLongError
 
 from conftest import MODEL, PROMPTS
 
@@ -156,6 +156,10 @@ def test_only_alternating_loops_get_a_step_copy(tokenizer):
     assert lookup.runner.compiled_copies == 2
     drafted = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
                                                    speculative=SpeculativeConfig(mode="self", cost_model=False))
+    too_long = torch.full((1, drafted.config.max_position_embeddings + 1), int(ids[0, 0]))
+    with pytest.raises(PromptTooLongError):
+        drafted.generate(too_long, max_new_tokens=4)  # refused once the drafter is planned: still nothing compiled
+    assert drafted.draft_model.runner.compiled_copies == 1
     assert torch.equal(drafted.generate(ids, max_new_tokens=24, do_sample=False), expected)
     assert (drafted.runner.compiled_copies, drafted.draft_model.runner.compiled_copies) == (1, 2)
     assert torch.equal(plain.generate(ids, max_new_tokens=24, do_sample=False, prompt_lookup_num_tokens=3), expected)

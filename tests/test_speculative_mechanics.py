@@ -461,6 +461,39 @@ def test_a_draft_whose_scored_tokens_are_all_masked_drafts_nothing():
     assert drafter.propose([1, 2], 3, lambda prefix, logits: logits, sample=True) == ([], None)
 
 
+def test_the_loop_gives_a_hybrids_lookup_rounds_the_costless_width(tiny_pair):
+    """With verify passes of every width costing alike, drafts that cost nothing favour the widest pass: the
+    decode loop gives a hybrid (model rounds k = 1 here) costless_k = that length, and prompt lookup alone,
+    whose every round is costless, none. The output stays the plain greedy output."""
+    from xpuspec.decode import DraftSchedule, decode
+    from xpuspec.generation import resolve_generation_config
+    from xpuspec.speculative.widths import _WIDTH_S
+
+    target, draft = tiny_pair
+    calls = []
+
+    def recording(cls):
+        class Recording(cls):
+            def propose(self, context, k, score, sample, threshold=0.0, costless_k=None):
+                calls.append((cls.__name__, k, costless_k))
+                return super().propose(context, k, score, sample, threshold, costless_k=costless_k)
+        return Recording
+
+    ids = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4]
+    config = resolve_generation_config(target.generation_config, None, dict(max_new_tokens=24, do_sample=False))
+    plain = decode(target.runner, ids, config)[0]
+    _WIDTH_S[target.runner] = {w: 0.01 for w in range(1, 12)}  # every verify width as dear as a plain step
+    hybrid = recording(HybridDrafter)(PromptLookupDrafter(3, 3), ModelDrafter(draft.runner, target.runner.vocab_size))
+    schedule = DraftSchedule(num_assistant_tokens=1, schedule="constant")
+    assert decode(target.runner, ids, config, drafter=hybrid, schedule=schedule)[0] == plain
+    widths = {costless for name, k, costless in calls if k == 1 and costless is not None}
+    assert widths and max(widths) > 1  # some lookup round could take more than the model's single draft
+    calls.clear()
+    lookup = recording(PromptLookupDrafter)(3, 1)
+    assert decode(target.runner, ids, config, drafter=lookup, schedule=schedule.for_lookup())[0] == plain
+    assert calls and all(costless is None for _, _, costless in calls)
+    del _WIDTH_S[target.runner]
+
 def test_a_hybrid_chain_ends_with_prompt_lookup_once_its_drafts_match():
     """A hybrid's draft model stops as soon as its drafts make an n-gram match, and prompt lookup's continuation
     ends the chain (one-hot rows when sampling); without a match it drafts its k tokens."""
@@ -505,11 +538,11 @@ def test_a_hybrid_chain_ends_with_prompt_lookup_once_its_drafts_match():
     assert probs.shape == (5, 8) and float(probs[0, 3]) > 0.99 and float(probs[1, 4]) > 0.99
     assert torch.equal(probs[2:], torch.nn.functional.one_hot(torch.tensor([5, 0, 7]), 8).float())
     assert hybrid.extended_tokens() == 3
-    # a lookup round (right after an extended one) takes lookup_k tokens, the width of a costless draft, and
+    # a lookup round (right after an extended one) takes costless_k tokens, the width of a costless draft, and
     # reports none as extended
-    assert hybrid.propose(context + [3, 4], 2, scores, sample=False, lookup_k=3) == ([5, 0, 7], None)
+    assert hybrid.propose(context + [3, 4], 2, scores, sample=False, costless_k=3) == ([5, 0, 7], None)
     assert hybrid.last_round_costless() and hybrid.extended_tokens() == 0
-    assert hybrid.propose(context + [3, 4], 2, scores, sample=False) == ([5, 0], None)  # k without lookup_k
+    assert hybrid.propose(context + [3, 4], 2, scores, sample=False) == ([5, 0], None)  # k without costless_k
     runner.passes = 0
     assert hybrid.propose([3, 4, 7], 3, scores, sample=False) == ([0, 1, 2], None)  # never matches: k drafts
     assert runner.passes == 3 and hybrid.extended_tokens() == 0

@@ -47,7 +47,7 @@ from .generation import GenerationStats, eos_ids, logits_processor, max_new_toke
 from .runner import Runner
 from .speculative.costmodel import (AcceptanceCounts, CostModel, remember_native_step, remember_plain_step,
                                    remembered_native_step, remembered_plain_step)
-from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter, HybridDrafter, PromptLookupDrafter
+from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter, PromptLookupDrafter
 from .speculative.verify import greedy_accept, rejection_sample
 from .speculative.widths import best_draft_length, measure_widths, predicted_speedup, remembered_widths
 
@@ -318,14 +318,11 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
                 k = min(k, cap)
         width = min(k, room if cap is None else min(cap, room)) if drafting else 0
         t0 = time.perf_counter()
-        if width > 0 and isinstance(proposer, HybridDrafter):  # its lookup rounds get the width of a costless draft
-            lookup_width = width if cap is None else max(width, min(best_draft_length(rates, 0.0, verify_s) + past,
-                                                                    longest, room))
-            drafts, draft_probs = proposer.propose(context, width, score, sample, schedule.confidence_threshold,
-                                                   lookup_k=lookup_width)
-        else:
-            drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold)
-                                   if width > 0 else ([], None))
+        costless_width = None  # for a drafter whose lookup rounds cost nothing beside its model rounds (a hybrid)
+        if width > 0 and cap is not None and not proposer.costless:
+            costless_width = max(width, min(best_draft_length(rates, 0.0, verify_s) + past, longest, room))
+        drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold,
+                                                costless_k=costless_width) if width > 0 else ([], None))
         t1 = time.perf_counter()
         free_drafts = 0 if width == 0 else (len(drafts) if proposer.last_round_costless() else proposer.extended_tokens())
         guessed = 0

@@ -20,7 +20,6 @@ from .lowbit import decoder_in_channels, resolve_low_bit
 from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
-from .speculative.drafters import PromptLookupDrafter
 from .speculative.layerskip import layer_skip_model
 from .speculative.memory import SpeculationMemory
 from .speculative.pairing import check_draft, plan_speculation
@@ -144,8 +143,8 @@ class XpuspecModelForCausalLM:
         context = self._context_length()
         check_fits(input_ids.shape[1], context, self.runner.max_prompt_len, self.device_name)
         clamp_to_context(config, input_ids.shape[1], context)
-        if isinstance(drafter, PromptLookupDrafter):  # rounds without a match step between verify passes
-            self.runner.expect_mixed_widths()  # (a hybrid's target does not: see plugins/xpuspec_openvino/paged.py)
+        for runner in drafter.mixed_width_runners(self.runner) if drafter is not None else ():  # a refused call: none
+            runner.expect_mixed_widths()
         if streamer is not None:
             streamer.put(input_ids.cpu())
         memory_key = (type(drafter).__name__, id(assistant_model), bool(config.do_sample))  # sampling accepts less

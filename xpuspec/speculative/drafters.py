@@ -56,8 +56,8 @@ class Drafter(ABC):
         return None
 
     @abstractmethod
-    def propose(self, context: List[int], k: int, score: Score, sample: bool,
-                threshold: float = 0.0) -> Tuple[List[int], Optional[torch.Tensor]]:
+    def propose(self, context: List[int], k: int, score: Score, sample: bool, threshold: float = 0.0,
+                costless_k: Optional[int] = None) -> Tuple[List[int], Optional[torch.Tensor]]:
         """Propose up to ``k`` tokens following ``context``.
 
         Args:
@@ -66,6 +66,9 @@ class Drafter(ABC):
             score: processed-scores function, see the module docstring.
             sample: draw proposals from the processed distribution instead of taking the argmax.
             threshold: stop when the draft's top probability falls below this (``assistant_confidence_threshold``).
+            costless_k: the most tokens a round may propose where it drafts without a model (>= ``k``; the decode
+                loop gives the length the verify costs favour for drafts that cost nothing; ``None``: ``k``). Only
+                a drafter whose rounds cost differently uses it (a hybrid's lookup rounds); the others draft ``k``.
 
         Returns:
             ``(tokens, probs)``: 0..k token ids, and ``[len(tokens), vocab]`` probabilities when
@@ -98,6 +101,11 @@ class Drafter(ABC):
         (:meth:`ModelDrafter.propose`'s ``extend``); 0 by default."""
         return 0
 
+    def mixed_width_runners(self, target: Runner) -> List[Runner]:
+        """The runners whose passes alternate between 1-token steps and wider passes when this drafter drafts
+        for ``target``, to be told so before decoding (:meth:`Runner.expect_mixed_widths`); default: none."""
+        return []
+
 
 def check_ngram_size(name: str, size) -> None:
     """Raises SpeculativeConfigError, naming ``name``, unless ``size`` is an int (not a bool)."""
@@ -128,8 +136,11 @@ class PromptLookupDrafter(Drafter):
                 f"{max_matching_ngram_size}: set min_matching_ngram_size to at most max_matching_ngram_size.")
         self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
 
-    def propose(self, context, k, score, sample, threshold=0.0):
+    def propose(self, context, k, score, sample, threshold=0.0, costless_k=None):
         return self.lookup(context, k), None
+
+    def mixed_width_runners(self, target):
+        return [target]  # rounds without a match are 1-token steps between verify passes
 
     def lookup(self, context: List[int], k: int) -> List[int]:
         """The continuation of the first match of the longest matching suffix n-gram, or []."""
@@ -180,6 +191,9 @@ class ModelDrafter(Drafter):
     def extended_tokens(self) -> int:
         return self.extended
 
+    def mixed_width_runners(self, target):
+        return [self.runner]  # drafting steps between the passes that catch up on accepted tokens
+
     def start(self, context, score, sample, threshold=0.0) -> None:
         """Reset and prefill the draft with ``context`` now, so that the first round the cost model
         times is a drafting round and not the draft's prefill."""
@@ -217,7 +231,7 @@ class ModelDrafter(Drafter):
         self.tokens = list(context)
         return logits
 
-    def propose(self, context, k, score, sample, threshold=0.0, extend: Optional[Extension] = None):
+    def propose(self, context, k, score, sample, threshold=0.0, costless_k=None, extend: Optional[Extension] = None):
         """As :meth:`Drafter.propose`, and:
 
         Args:
@@ -268,7 +282,7 @@ class HybridDrafter(Drafter):
     prose 15.5 against 15.2; edit 45.8 against 43.8); ending the chain at matches of 2 tokens made 20.2
     (more target passes: 86 against 79 on code, 36 against 33 on edit). ``lookup`` itself matches only its
     longest n-gram by default, for the same reason (:class:`~xpuspec.speculative.config.SpeculativeConfig`'s
-    ``min_matching_ngram_size``), and its rounds may be longer than the model's (``lookup_k``)."""
+    ``min_matching_ngram_size``), and its rounds may be longer than the model's (``costless_k``)."""
 
     stochastic = True
 
@@ -300,16 +314,19 @@ class HybridDrafter(Drafter):
     def costless_part(self) -> Drafter:
         return self.fallback
 
+    def mixed_width_runners(self, target):
+        # the target verifies the model's rounds at one padded width (plugins/xpuspec_openvino/paged.py)
+        return self.model.mixed_width_runners(target)
+
     def last_round_costless(self) -> bool:
         return self._looked_up
 
     def extended_tokens(self) -> int:
         return 0 if self._looked_up else self.model.extended_tokens()
 
-    def propose(self, context, k, score, sample, threshold=0.0, lookup_k: Optional[int] = None):
-        """As :meth:`Drafter.propose`; ``lookup_k``: the most tokens a lookup round may propose (default ``k``:
-        the decode loop gives the length that the verify costs favour for drafts that cost nothing)."""
-        found = self.lookup.lookup(context, k if lookup_k is None else lookup_k)
+    def propose(self, context, k, score, sample, threshold=0.0, costless_k=None):
+        """As :meth:`Drafter.propose`: a lookup round proposes up to ``costless_k``, a model round up to ``k``."""
+        found = self.lookup.lookup(context, k if costless_k is None else costless_k)
         self._looked_up = bool(found)
         if found:
             return found, None

@@ -91,7 +91,10 @@ class OverlappedDrafter(Drafter):
         self.model.reset()
         self._init_state([])
 
-    def propose(self, context, k, score, sample, threshold=0.0):
+    def mixed_width_runners(self, target):
+        return self.model.mixed_width_runners(target)
+
+    def propose(self, context, k, score, sample, threshold=0.0, costless_k=None):
         """Up to ``k`` tokens the worker drafted after ``context``; waits for the first one.
 
         ``context`` must extend the context of the previous call (the decode loop's contract).
