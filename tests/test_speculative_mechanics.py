@@ -126,7 +126,7 @@ def test_draft_with_another_vocabulary_is_refused(tiny_pair, tmp_path):
 def test_bad_speculative_options(tiny_pair):
     target, draft = tiny_pair
     ids = torch.tensor([[1, 5]])
-    with pytest.raises(ValueError, match="num_assistant_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="num_assistant_tokens must be an int >= 1, got 0"):
         target.generate(input_ids=ids, max_new_tokens=4, assistant_model=draft, num_assistant_tokens=0)
     with pytest.raises(NotImplementedError, match="Beam search"):
         target.generate(input_ids=ids, max_new_tokens=4, assistant_model=draft, num_beams=2)
@@ -137,6 +137,33 @@ def test_bad_speculative_options(tiny_pair):
     with pytest.raises(SpeculativeConfigError, match="num_assistant_tokens_schedule must be 'heuristic' or 'constant'"):
         SpeculativeConfig(num_assistant_tokens_schedule="dynamic")
 
+
+@pytest.mark.parametrize("name, value, message", [
+    ("num_assistant_tokens", 2.5, "num_assistant_tokens must be an int >= 1, got 2.5"),
+    ("num_assistant_tokens", "3", "num_assistant_tokens must be an int >= 1, got '3'"),
+    ("num_assistant_tokens", True, "num_assistant_tokens must be an int >= 1, got True"),
+    ("prompt_lookup_num_tokens", 2.5, "prompt_lookup_num_tokens must be an int >= 1, got 2.5"),
+    ("prompt_lookup_num_tokens", -1, "prompt_lookup_num_tokens must be an int >= 1, got -1"),
+    ("assistant_confidence_threshold", "0.5", r"assistant_confidence_threshold must be in \[0, 1\), got '0.5'"),
+])
+def test_draft_lengths_and_thresholds_are_refused_by_name(tiny_pair, name, value, message):
+    """In SpeculativeConfig and in generate alike, before any token is drafted (a float length ran before, a
+    string raised a bare TypeError, and generate's prompt_lookup_num_tokens was refused as num_assistant_tokens)."""
+    target, draft = tiny_pair
+    with pytest.raises(SpeculativeConfigError, match=message):
+        SpeculativeConfig(mode="self", **{name: value})
+    with pytest.raises(SpeculativeConfigError, match=message):
+        target.generate(input_ids=torch.tensor([[1, 5]]), max_new_tokens=4, assistant_model=draft, **{name: value})
+
+
+def test_numpy_integers_count_as_ints():
+    """A length computed with NumPy is taken and kept as a Python int (the bench writes the config to JSON)."""
+    import numpy as np
+
+    spec = SpeculativeConfig(mode="hybrid", num_assistant_tokens=np.int64(3), max_matching_ngram_size=np.int32(2),
+                             draft_vocab_size=np.int64(4096), draft_context_length=np.uint16(32))
+    values = (spec.num_assistant_tokens, spec.max_matching_ngram_size, spec.draft_vocab_size, spec.draft_context_length)
+    assert values == (3, 2, 4096, 32) and all(type(v) is int for v in values)
 
 def test_a_hybrid_looks_up_its_longest_ngram_only_by_default(tiny_pair):
     """Prompt lookup alone matches 3- down to 2-grams, a hybrid (either way it is asked for) 3-grams only,
@@ -166,7 +193,7 @@ def test_a_hybrid_looks_up_its_longest_ngram_only_by_default(tiny_pair):
     (dict(min_matching_ngram_size=True), "min_matching_ngram_size must be an int >= 1, got True"),
     (dict(min_matching_ngram_size="2"), "min_matching_ngram_size must be an int >= 1, got '2'"),
     (dict(max_matching_ngram_size=None), "max_matching_ngram_size must be an int >= 1, got None"),
-    (dict(min_matching_ngram_size=0), "need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got 0 and 3"),
+    (dict(min_matching_ngram_size=0), "min_matching_ngram_size must be an int >= 1, got 0"),
     (dict(max_matching_ngram_size=2, min_matching_ngram_size=3), "set min_matching_ngram_size to at most"),
 ])
 @pytest.mark.parametrize("mode", ["prompt_lookup", "hybrid", "self"])

@@ -35,6 +35,7 @@ Such rounds count as plain steps for the cost model and as ``extra["step_guesses
 ``extra["step_guesses_accepted"]`` in the stats, not as drafts.
 """
 
+import numbers
 import time
 from dataclasses import dataclass, replace
 from typing import List, Optional
@@ -47,7 +48,7 @@ from .generation import GenerationStats, eos_ids, logits_processor, max_new_toke
 from .runner import Runner
 from .speculative.costmodel import (AcceptanceCounts, CostModel, remember_native_step, remember_plain_step,
                                    remembered_native_step, remembered_plain_step)
-from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter, PromptLookupDrafter
+from .speculative.drafters import DEFAULT_LOOKUP_TOKENS, Drafter, PromptLookupDrafter, check_count
 from .speculative.verify import greedy_accept, rejection_sample
 from .speculative.widths import best_draft_length, measure_widths, predicted_speedup, remembered_widths
 
@@ -78,14 +79,14 @@ class DraftSchedule:
     cost_model: bool = True
 
     def __post_init__(self):
-        if self.num_assistant_tokens < 1:
-            raise SpeculativeConfigError(f"num_assistant_tokens must be >= 1, got {self.num_assistant_tokens}.")
+        self.num_assistant_tokens = check_count("num_assistant_tokens", self.num_assistant_tokens)
         if self.schedule not in ("heuristic", "constant"):
             raise SpeculativeConfigError(
                 f"num_assistant_tokens_schedule must be 'heuristic' or 'constant', got {self.schedule!r}.")
-        if not 0.0 <= self.confidence_threshold < 1.0:
-            raise SpeculativeConfigError(
-                f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
+        threshold = self.confidence_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 <= threshold < 1.0:
+            raise SpeculativeConfigError(f"assistant_confidence_threshold must be in [0, 1), got {threshold!r}.")
+        self.confidence_threshold = float(threshold)
 
     def for_lookup(self) -> "DraftSchedule":
         """This schedule for prompt lookup alone: a constant :data:`DEFAULT_LOOKUP_TOKENS`."""

@@ -5,13 +5,14 @@
 :class:`SpeculativeConfig`.
 """
 
+import numbers
 import os
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from ..decode import DraftSchedule
 from ..errors import LowBitConfigError, SpeculativeConfigError
-from .drafters import DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter, check_ngram_size
+from .drafters import DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter, check_count
 
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
 #: Draft format of self-speculation: a low-bit copy of the target.
@@ -95,12 +96,14 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"Unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}.")
         if self.mode == "draft" and not self.draft:
             raise SpeculativeConfigError("mode='draft' needs draft= (a draft model path or name).")
+        for name in ("num_assistant_tokens", "prompt_lookup_num_tokens", "min_matching_ngram_size"):
+            if getattr(self, name) is not None:  # ints, NumPy's too, kept as Python ints
+                object.__setattr__(self, name, check_count(name, getattr(self, name)))
+        object.__setattr__(self, "max_matching_ngram_size",  # before shortest_ngram uses it
+                           check_count("max_matching_ngram_size", self.max_matching_ngram_size))
         DraftSchedule(self.draft_length, "heuristic" if self.num_assistant_tokens_schedule is None
                       else self.num_assistant_tokens_schedule,
-                      self.assistant_confidence_threshold)  # raises on a bad length, schedule or threshold
-        if self.prompt_lookup_num_tokens is not None and self.prompt_lookup_num_tokens < 1:
-            raise SpeculativeConfigError(f"prompt_lookup_num_tokens must be >= 1, got {self.prompt_lookup_num_tokens}.")
-        check_ngram_size("max_matching_ngram_size", self.max_matching_ngram_size)  # before shortest_ngram uses it
+                      self.assistant_confidence_threshold)  # raises on a bad schedule or threshold
         for hybrid in (False, True):  # bad sizes raise; generate(prompt_lookup_num_tokens=) may ask for either
             PromptLookupDrafter(self.max_matching_ngram_size, self.shortest_ngram(hybrid))
         if self.skip_layers is not None and self.mode != "layer_skip":
@@ -118,9 +121,11 @@ class SpeculativeConfig:
         """A draft model's count option ``name``: None (the default), 0 (the ``whole`` ...) or an int >= 1,
         and none with prompt lookup, which has no draft model."""
         value = getattr(self, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
             raise SpeculativeConfigError(f"{name} must be an int >= 1, 0 (the whole {whole}) or None "
                                          f"(the default), got {value!r}.")
+        if value is not None:
+            object.__setattr__(self, name, int(value))
         if self.mode == "prompt_lookup" and value:
             raise SpeculativeConfigError(f"prompt_lookup uses no draft model: drop {name}=.")
 

@@ -8,6 +8,7 @@ target distributions are built identically. When sampling, ``probs`` is ``[n, vo
 drafters (prompt lookup), whose proposals count as one-hot distributions in rejection sampling.
 """
 
+import numbers
 from abc import ABC, abstractmethod
 from typing import Callable, List, Optional, Tuple
 
@@ -107,10 +108,15 @@ class Drafter(ABC):
         return []
 
 
-def check_ngram_size(name: str, size) -> None:
-    """Raises SpeculativeConfigError, naming ``name``, unless ``size`` is an int (not a bool)."""
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise SpeculativeConfigError(f"{name} must be an int >= 1, got {size!r}.")
+def check_count(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int, where it is an integer (Python's or NumPy's; not a bool) >= ``minimum``.
+
+    Raises:
+        SpeculativeConfigError: naming ``name``, for anything else (a float, a string, None).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise SpeculativeConfigError(f"{name} must be an int >= {minimum}, got {value!r}.")
+    return int(value)
 
 
 class PromptLookupDrafter(Drafter):
@@ -128,11 +134,11 @@ class PromptLookupDrafter(Drafter):
     costless = True
 
     def __init__(self, max_matching_ngram_size: int = 2, min_matching_ngram_size: int = 1):
-        check_ngram_size("max_matching_ngram_size", max_matching_ngram_size)
-        check_ngram_size("min_matching_ngram_size", min_matching_ngram_size)
-        if not 1 <= min_matching_ngram_size <= max_matching_ngram_size:
+        max_matching_ngram_size = check_count("max_matching_ngram_size", max_matching_ngram_size)
+        min_matching_ngram_size = check_count("min_matching_ngram_size", min_matching_ngram_size)
+        if min_matching_ngram_size > max_matching_ngram_size:
             raise SpeculativeConfigError(
-                f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got {min_matching_ngram_size} and "
+                f"need min_matching_ngram_size <= max_matching_ngram_size, got {min_matching_ngram_size} and "
                 f"{max_matching_ngram_size}: set min_matching_ngram_size to at most max_matching_ngram_size.")
         self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
 

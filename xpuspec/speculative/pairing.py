@@ -5,7 +5,7 @@ from functools import lru_cache
 from ..decode import DraftSchedule
 from ..errors import DraftMismatchError
 from .config import SpeculativeConfig
-from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, HybridDrafter, ModelDrafter, PromptLookupDrafter
+from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, HybridDrafter, ModelDrafter, PromptLookupDrafter, check_count
 from .overlap import OverlappedDrafter
 
 
@@ -59,6 +59,10 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
         DraftMismatchError: the assistant's vocabulary differs from the target's.
         SpeculativeConfigError: an invalid draft length, schedule or threshold.
     """
+    if num_assistant_tokens is not None:  # each refused by its own name, before the schedule takes one of them
+        num_assistant_tokens = check_count("num_assistant_tokens", num_assistant_tokens)
+    if prompt_lookup_num_tokens is not None:
+        prompt_lookup_num_tokens = check_count("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
     base = spec or SpeculativeConfig()
     lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode == "prompt_lookup" else None
     drafter = _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens) if enabled else None
