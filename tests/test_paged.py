@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xpuspec import AutoModelForCausalLM, SpeculativeConfig
-from xpuspec.errors import PipelineConfigError, PromptTooLongError
+from xpuspec.errors import GenerationConfigError, PipelineConfigError, PromptTooLongError
 
 from conftest import MODEL, PROMPTS
 
@@ -159,7 +159,11 @@ def test_only_alternating_loops_get_a_step_copy(tokenizer):
     too_long = torch.full((1, drafted.config.max_position_embeddings + 1), int(ids[0, 0]))
     with pytest.raises(PromptTooLongError):
         drafted.generate(too_long, max_new_tokens=4)  # refused once the drafter is planned: still nothing compiled
-    assert drafted.draft_model.runner.compiled_copies == 1
+    streamed = []
+    with pytest.raises(GenerationConfigError, match="top_k"):  # refused by transformers' processor
+        drafted.generate(ids, max_new_tokens=4, do_sample=True, top_k=-1,
+                         streamer=type("S", (), {"put": lambda self, x: streamed.append(x), "end": lambda self: 0})())
+    assert drafted.draft_model.runner.compiled_copies == 1 and streamed == []
     assert torch.equal(drafted.generate(ids, max_new_tokens=24, do_sample=False), expected)
     assert (drafted.runner.compiled_copies, drafted.draft_model.runner.compiled_copies) == (1, 2)
     assert torch.equal(plain.generate(ids, max_new_tokens=24, do_sample=False, prompt_lookup_num_tokens=3), expected)

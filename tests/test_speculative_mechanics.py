@@ -144,7 +144,7 @@ def test_bad_speculative_options(tiny_pair):
     ("num_assistant_tokens", True, "num_assistant_tokens must be an int >= 1, got True"),
     ("prompt_lookup_num_tokens", 2.5, "prompt_lookup_num_tokens must be an int >= 1, got 2.5"),
     ("prompt_lookup_num_tokens", -1, "prompt_lookup_num_tokens must be an int >= 1, got -1"),
-    ("assistant_confidence_threshold", "0.5", r"assistant_confidence_threshold must be in \[0, 1\), got '0.5'"),
+    ("assistant_confidence_threshold", "0.5", r"assistant_confidence_threshold must be a number in \[0, 1\), got '0.5'"),
 ])
 def test_draft_lengths_and_thresholds_are_refused_by_name(tiny_pair, name, value, message):
     """In SpeculativeConfig and in generate alike, before any token is drafted (a float length ran before, a
@@ -156,6 +156,31 @@ def test_draft_lengths_and_thresholds_are_refused_by_name(tiny_pair, name, value
         target.generate(input_ids=torch.tensor([[1, 5]]), max_new_tokens=4, assistant_model=draft, **{name: value})
 
 
+def test_options_of_another_mode_and_non_bool_flags_are_refused():
+    with pytest.raises(SpeculativeConfigError, match="prompt_lookup_num_tokens applies to modes 'prompt_lookup' and"):
+        SpeculativeConfig(mode="self", prompt_lookup_num_tokens=3)
+    assert SpeculativeConfig(mode="hybrid", prompt_lookup_num_tokens=3).prompt_lookup_num_tokens == 3
+    with pytest.raises(SpeculativeConfigError, match="cost_model must be True or False, got 'no'"):
+        SpeculativeConfig(cost_model="no")
+    with pytest.raises(SpeculativeConfigError, match="overlap must be True, False or None"):
+        SpeculativeConfig(overlap="yes")
+
+
+def test_a_hybrids_lookup_drafts_at_most_prompt_lookup_num_tokens(tiny_pair):
+    """generate(assistant_model=, prompt_lookup_num_tokens=) and SpeculativeConfig(mode="hybrid",
+    prompt_lookup_num_tokens=) set the longest lookup draft, also for the lookup going on alone."""
+    from xpuspec.speculative.pairing import plan_speculation
+
+    target, draft = tiny_pair
+    _, schedule = plan_speculation(target, None, True, assistant_model=draft, prompt_lookup_num_tokens=3)
+    assert schedule.lookup_tokens == 3 and schedule.for_lookup().num_assistant_tokens == 3
+    _, schedule = plan_speculation(target, SpeculativeConfig(mode="hybrid", draft=str(draft.source.path),
+                                                             prompt_lookup_num_tokens=5), True)
+    assert schedule.lookup_tokens == 5 and schedule.num_assistant_tokens == 4  # the model's k stays its own
+    _, schedule = plan_speculation(target, SpeculativeConfig(mode="hybrid"), True)
+    assert schedule.lookup_tokens == 10
+
+
 def test_numpy_integers_count_as_ints():
     """A length computed with NumPy is taken and kept as a Python int (the bench writes the config to JSON)."""
     import numpy as np
@@ -164,6 +189,7 @@ def test_numpy_integers_count_as_ints():
                              draft_vocab_size=np.int64(4096), draft_context_length=np.uint16(32))
     values = (spec.num_assistant_tokens, spec.max_matching_ngram_size, spec.draft_vocab_size, spec.draft_context_length)
     assert values == (3, 2, 4096, 32) and all(type(v) is int for v in values)
+
 
 def test_a_hybrid_looks_up_its_longest_ngram_only_by_default(tiny_pair):
     """Prompt lookup alone matches 3- down to 2-grams, a hybrid (either way it is asked for) 3-grams only,
@@ -490,8 +516,9 @@ def test_a_draft_whose_scored_tokens_are_all_masked_drafts_nothing():
 
 def test_the_loop_gives_a_hybrids_lookup_rounds_the_costless_width(tiny_pair):
     """With verify passes of every width costing alike, drafts that cost nothing favour the widest pass: the
-    decode loop gives a hybrid (model rounds k = 1 here) costless_k = that length, and prompt lookup alone,
-    whose every round is costless, none. The output stays the plain greedy output."""
+    decode loop gives a hybrid (model rounds k = 1 here) costless_k = that length, at most the schedule's
+    lookup_tokens (prompt_lookup_num_tokens), and prompt lookup alone, whose every round is costless, none. The
+    output stays the plain greedy output."""
     from xpuspec.decode import DraftSchedule, decode
     from xpuspec.generation import resolve_generation_config
     from xpuspec.speculative.widths import _WIDTH_S
@@ -516,10 +543,15 @@ def test_the_loop_gives_a_hybrids_lookup_rounds_the_costless_width(tiny_pair):
     widths = {costless for name, k, costless in calls if k == 1 and costless is not None}
     assert widths and max(widths) > 1  # some lookup round could take more than the model's single draft
     calls.clear()
+    capped = DraftSchedule(num_assistant_tokens=1, schedule="constant", lookup_tokens=2)  # prompt_lookup_num_tokens=2
+    assert decode(target.runner, ids, config, drafter=hybrid, schedule=capped)[0] == plain
+    assert {costless for _, _, costless in calls} - {None} == {2}
+    calls.clear()
     lookup = recording(PromptLookupDrafter)(3, 1)
     assert decode(target.runner, ids, config, drafter=lookup, schedule=schedule.for_lookup())[0] == plain
     assert calls and all(costless is None for _, _, costless in calls)
     del _WIDTH_S[target.runner]
+
 
 def test_a_hybrid_chain_ends_with_prompt_lookup_once_its_drafts_match():
     """A hybrid's draft model stops as soon as its drafts make an n-gram match, and prompt lookup's continuation

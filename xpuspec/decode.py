@@ -71,26 +71,30 @@ class DraftSchedule:
         cost_model: switch a draft model off, or pause prompt lookup, when speculation measures slower
             than plain decoding (:mod:`xpuspec.speculative.costmodel`), and cap the draft length at the one
             the target's measured verify cost per width favours (:mod:`xpuspec.speculative.widths`).
+        lookup_tokens: the longest draft of a prompt-lookup round beside a draft model (a hybrid's) and of
+            prompt lookup going on alone once the draft model is dropped (``prompt_lookup_num_tokens``).
     """
 
     num_assistant_tokens: int = 4
     schedule: str = "heuristic"
     confidence_threshold: float = 0.0
     cost_model: bool = True
+    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
 
     def __post_init__(self):
         self.num_assistant_tokens = check_count("num_assistant_tokens", self.num_assistant_tokens)
+        self.lookup_tokens = check_count("prompt_lookup_num_tokens", self.lookup_tokens)
         if self.schedule not in ("heuristic", "constant"):
             raise SpeculativeConfigError(
                 f"num_assistant_tokens_schedule must be 'heuristic' or 'constant', got {self.schedule!r}.")
         threshold = self.confidence_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 <= threshold < 1.0:
-            raise SpeculativeConfigError(f"assistant_confidence_threshold must be in [0, 1), got {threshold!r}.")
+            raise SpeculativeConfigError(f"assistant_confidence_threshold must be a number in [0, 1), got {threshold!r}.")
         self.confidence_threshold = float(threshold)
 
     def for_lookup(self) -> "DraftSchedule":
-        """This schedule for prompt lookup alone: a constant :data:`DEFAULT_LOOKUP_TOKENS`."""
-        return replace(self, num_assistant_tokens=DEFAULT_LOOKUP_TOKENS, schedule="constant")
+        """This schedule for prompt lookup alone: a constant ``lookup_tokens``."""
+        return replace(self, num_assistant_tokens=self.lookup_tokens, schedule="constant")
 
     def next_k(self, k: int, drafted: int, accepted: int) -> int:
         if self.schedule == "constant" or drafted == 0:
@@ -233,7 +237,7 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
     cap = None  # the draft length the measured costs favour (Leviathan et al.'s optimum, per width)
     # the widths the cap chooses among: k0 + 1 for a constant schedule, k0 + 3 for the heuristic (+2 after a full
     # accept), at least prompt lookup's (a hybrid goes on with lookup alone); the cap never drafts more than widest - 1
-    widest = max(k + (1 if schedule.schedule == "constant" else 3), DEFAULT_LOOKUP_TOKENS + 1)
+    widest = max(k + (1 if schedule.schedule == "constant" else 3), schedule.lookup_tokens + 1)
     while limit > 0:
         scored = torch.cat([score(context + drafts[:i], rows[i:i + 1]) for i in range(len(drafts) + 1)])
         if sample:
@@ -321,7 +325,8 @@ def _loop(target, prompt, config, streamer, drafter, schedule, score, start, nat
         t0 = time.perf_counter()
         costless_width = None  # for a drafter whose lookup rounds cost nothing beside its model rounds (a hybrid)
         if width > 0 and cap is not None and not proposer.costless:
-            costless_width = max(width, min(best_draft_length(rates, 0.0, verify_s) + past, longest, room))
+            costless_width = min(max(width, min(best_draft_length(rates, 0.0, verify_s) + past, longest, room)),
+                                 schedule.lookup_tokens)
         drafts, draft_probs = (proposer.propose(context, width, score, sample, schedule.confidence_threshold,
                                                 costless_k=costless_width) if width > 0 else ([], None))
         t1 = time.perf_counter()

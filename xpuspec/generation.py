@@ -6,6 +6,7 @@ rules as ``transformers.generate``.
 """
 
 import copy
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
@@ -122,17 +123,21 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
     """Merge ``generation_config`` (or the model's ``base``) with keyword overrides, and validate.
 
     Raises:
-        TypeError: a keyword is not a generation argument.
+        TypeError: a keyword is not a generation argument, ``max_new_tokens`` not an integer.
         NotImplementedError: beams, several return sequences, or a field in :data:`UNSUPPORTED_FIELDS`.
         GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``, or another
-            value transformers' ``GenerationConfig`` refuses.
+            value transformers' ``GenerationConfig`` or its logits processors refuse (``top_k=-1``).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else base)
     wanted = kwargs.get("max_new_tokens")
-    if isinstance(wanted, int) and wanted < 1:
-        raise GenerationConfigError(
-            f"max_new_tokens must be at least 1, got {wanted}; ask for one or more new tokens "
-            "(to score a prompt without generating, call the model: model(input_ids).logits).")
+    if wanted is not None:
+        if isinstance(wanted, bool) or not isinstance(wanted, numbers.Integral):
+            raise TypeError(f"max_new_tokens must be an integer, got {wanted!r}.")
+        if wanted < 1:
+            raise GenerationConfigError(
+                f"max_new_tokens must be at least 1, got {wanted}; ask for one or more new tokens "
+                "(to score a prompt without generating, call the model: model(input_ids).logits).")
+        kwargs = {**kwargs, "max_new_tokens": int(wanted)}  # a NumPy integer too
     try:
         unused = config.update(**kwargs)
     except ValueError as exc:  # transformers' own validation of a value
@@ -154,6 +159,10 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
         raise GenerationConfigError(
             f"do_sample=True needs temperature > 0, got {config.temperature}. For greedy decoding pass do_sample=False."
         )
+    try:  # transformers' processors check their values (top_k, top_p, a NaN temperature) when built
+        logits_processor(config, prompt_len=1)
+    except ValueError as exc:
+        raise GenerationConfigError(f"Invalid generation argument: {exc}") from exc
     return config
 
 

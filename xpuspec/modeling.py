@@ -121,9 +121,12 @@ class XpuspecModelForCausalLM:
             InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,
                 an ``attention_mask`` of another shape.
             PromptTooLongError: the prompt leaves no room in the context, or passes the NPU prompt window.
-            GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``.
+            GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``, a sampling
+                value transformers refuses (``top_k=-1``).
+            SpeculativeConfigError: a draft length, schedule or confidence threshold that is not valid.
             NotImplementedError: batch > 1, padding, beams, or an unimplemented generation option.
-            TypeError: an unknown keyword argument, or an assistant_model that is not an xpuspec model.
+            TypeError: an unknown keyword argument, ``max_new_tokens`` not an integer, or an assistant_model
+                that is not an xpuspec model.
             DraftMismatchError: the assistant's vocabulary differs from this model's.
         """
         input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)

@@ -44,7 +44,10 @@ class SpeculativeConfig:
         num_assistant_tokens_schedule: ``"heuristic"`` or ``"constant"``; default ``"constant"`` for
             prompt lookup alone (as transformers' ``prompt_lookup_num_tokens``), else ``"heuristic"``.
         assistant_confidence_threshold: stop drafting below this draft top probability (0: off).
-        prompt_lookup_num_tokens: draft length of prompt lookup (default: num_assistant_tokens).
+        prompt_lookup_num_tokens: the longest draft of prompt lookup: with ``"prompt_lookup"`` its draft length
+            (default: num_assistant_tokens), with ``"hybrid"`` the most a lookup round drafts, there and once the
+            draft model is dropped (default :data:`~xpuspec.speculative.drafters.DEFAULT_LOOKUP_TOKENS`; each round
+            is cut to the length the verify costs favour). Other modes do not look up.
         max_matching_ngram_size: longest n-gram prompt lookup matches (default 3, openvino_genai's).
         min_matching_ngram_size: shortest n-gram prompt lookup matches: default 2 (as vLLM's
             ``prompt_lookup_min``; 1 proposes after any repeated token, which rarely pays; at most
@@ -101,11 +104,19 @@ class SpeculativeConfig:
                 object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "max_matching_ngram_size",  # before shortest_ngram uses it
                            check_count("max_matching_ngram_size", self.max_matching_ngram_size))
-        DraftSchedule(self.draft_length, "heuristic" if self.num_assistant_tokens_schedule is None
-                      else self.num_assistant_tokens_schedule,
-                      self.assistant_confidence_threshold)  # raises on a bad schedule or threshold
+        checked = DraftSchedule(self.draft_length, "heuristic" if self.num_assistant_tokens_schedule is None
+                                else self.num_assistant_tokens_schedule,
+                                self.assistant_confidence_threshold)  # raises on a bad schedule or threshold
+        object.__setattr__(self, "assistant_confidence_threshold", checked.confidence_threshold)  # a float
+        if not isinstance(self.cost_model, bool):
+            raise SpeculativeConfigError(f"cost_model must be True or False, got {self.cost_model!r}.")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise SpeculativeConfigError(f"overlap must be True, False or None (the default), got {self.overlap!r}.")
         for hybrid in (False, True):  # bad sizes raise; generate(prompt_lookup_num_tokens=) may ask for either
             PromptLookupDrafter(self.max_matching_ngram_size, self.shortest_ngram(hybrid))
+        if self.prompt_lookup_num_tokens is not None and self.mode not in ("prompt_lookup", "hybrid"):
+            raise SpeculativeConfigError(f"prompt_lookup_num_tokens applies to modes 'prompt_lookup' and 'hybrid', "
+                                         f"not {self.mode!r}: drop it, or pick one of those modes.")
         if self.skip_layers is not None and self.mode != "layer_skip":
             raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
         if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):

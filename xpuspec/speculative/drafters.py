@@ -67,9 +67,10 @@ class Drafter(ABC):
             score: processed-scores function, see the module docstring.
             sample: draw proposals from the processed distribution instead of taking the argmax.
             threshold: stop when the draft's top probability falls below this (``assistant_confidence_threshold``).
-            costless_k: the most tokens a round may propose where it drafts without a model (>= ``k``; the decode
-                loop gives the length the verify costs favour for drafts that cost nothing; ``None``: ``k``). Only
-                a drafter whose rounds cost differently uses it (a hybrid's lookup rounds); the others draft ``k``.
+            costless_k: the most tokens a round may propose where it drafts without a model (the decode loop
+                gives the length the verify costs favour for drafts that cost nothing, at most
+                ``prompt_lookup_num_tokens``; ``None``: ``k``). Only a drafter whose rounds cost differently uses
+                it (a hybrid's lookup rounds); the others draft ``k``.
 
         Returns:
             ``(tokens, probs)``: 0..k token ids, and ``[len(tokens), vocab]`` probabilities when
@@ -108,14 +109,14 @@ class Drafter(ABC):
         return []
 
 
-def check_count(name: str, value, minimum: int = 1) -> int:
-    """``value`` as an int, where it is an integer (Python's or NumPy's; not a bool) >= ``minimum``.
+def check_count(name: str, value) -> int:
+    """``value`` as an int, where it is an integer (Python's or NumPy's; not a bool) >= 1.
 
     Raises:
         SpeculativeConfigError: naming ``name``, for anything else (a float, a string, None).
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise SpeculativeConfigError(f"{name} must be an int >= {minimum}, got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise SpeculativeConfigError(f"{name} must be an int >= 1, got {value!r}.")
     return int(value)
 
 

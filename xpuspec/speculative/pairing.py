@@ -5,7 +5,7 @@ from functools import lru_cache
 from ..decode import DraftSchedule
 from ..errors import DraftMismatchError
 from .config import SpeculativeConfig
-from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, HybridDrafter, ModelDrafter, PromptLookupDrafter, check_count
+from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, DEFAULT_LOOKUP_TOKENS, HybridDrafter, ModelDrafter, PromptLookupDrafter, check_count
 from .overlap import OverlappedDrafter
 
 
@@ -73,6 +73,7 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
                         "constant" if isinstance(drafter, PromptLookupDrafter) else "heuristic"),
         confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
         cost_model=base.cost_model,
+        lookup_tokens=_first(prompt_lookup_num_tokens, base.prompt_lookup_num_tokens, DEFAULT_LOOKUP_TOKENS),
     )
     return drafter, schedule
 
