@@ -86,12 +86,35 @@ def check_exportable(model_type: str) -> None:
                                                                 library_name="transformers")
     except KeyError:
         tasks = {}
+    instead = ("Run it with the torch backend (from_pretrained(..., backend='torch'), fp32 or fp16), or pick a model "
+               "of a supported architecture.")
     if EXPORT_TASK not in tasks:
         raise UnsupportedArchitectureError(
             f"optimum-intel {optimum_intel_version} cannot export architecture {model_type!r} to OpenVINO IR, so "
-            "it cannot run on the OpenVINO backend or be exported. Run it with the torch backend "
-            "(from_pretrained(..., backend='torch'), fp32 or fp16), or pick a model of a supported architecture."
-        )
+            f"it cannot run on the OpenVINO backend or be exported. {instead}")
+    _check_transformers_range(TasksManager.get_exporter_config_constructor(
+        exporter="openvino", model_type=model_type, task=EXPORT_TASK, library_name="transformers"), model_type, instead)
+
+
+def _check_transformers_range(constructor, model_type: str, instead: str) -> None:
+    """Refuse, before any work, an export config that declares a transformers range the installed one is outside
+    of (optimum-intel's exporter would raise a bare ValueError after loading the model).
+
+    Raises:
+        UnsupportedArchitectureError: transformers is older than the config's ``MIN_TRANSFORMERS_VERSION`` or newer
+            than its ``MAX_TRANSFORMERS_VERSION``.
+    """
+    import transformers
+    from packaging.version import Version
+
+    config = getattr(constructor, "func", constructor)
+    installed = Version(transformers.__version__)
+    low, high = (getattr(config, name, None) for name in ("MIN_TRANSFORMERS_VERSION", "MAX_TRANSFORMERS_VERSION"))
+    low, high = (None if v is None else Version(str(v)) for v in (low, high))
+    if (low is not None and installed < low) or (high is not None and installed.release > high.release):
+        raise UnsupportedArchitectureError(
+            f"optimum-intel exports architecture {model_type!r} only with transformers "
+            f"{low or 'any'} to {high or 'any'}; this environment has {installed}. {instead}")
 
 
 def _export_fp32(source: ModelSource, tmp: Path) -> None:
