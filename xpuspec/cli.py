@@ -125,9 +125,8 @@ def _speculative(args):
         return None
     base = resolve_speculative(True if args.speculative == "self" else args.speculative,
                               draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
-    overrides = {key: value for key, value in (("num_assistant_tokens", args.num_assistant_tokens),
-                                               ("draft_vocab_size", args.draft_vocab_size),
-                                               ("draft_context_length", args.draft_context_length)) if value is not None}
+    options = ("num_assistant_tokens", "draft_vocab_size", "draft_context_length")
+    overrides = {key: getattr(args, key) for key in options if getattr(args, key) is not None}
     return SpeculativeConfig(**{**base.__dict__, **overrides})
 
 

@@ -89,7 +89,8 @@ class DraftSchedule:
                 f"num_assistant_tokens_schedule must be 'heuristic' or 'constant', got {self.schedule!r}.")
         threshold = self.confidence_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 <= threshold < 1.0:
-            raise SpeculativeConfigError(f"assistant_confidence_threshold must be a number in [0, 1), got {threshold!r}.")
+            raise SpeculativeConfigError(
+                f"assistant_confidence_threshold must be a number in [0, 1), got {threshold!r}.")
         self.confidence_threshold = float(threshold)
 
     def for_lookup(self) -> "DraftSchedule":

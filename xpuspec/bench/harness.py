@@ -90,11 +90,10 @@ class BenchSettings:
             raise ValueError("--max-new-tokens must be at least 2 (decode speed excludes the first token).")
         if self.repeats < 1:
             raise ValueError("--repeats must be at least 1.")
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 0:
-            raise ValueError(f"--draft-vocab-size must be >= 0 (0: the whole vocabulary), not {self.draft_vocab_size}.")
-        if self.draft_context_length is not None and self.draft_context_length < 0:
-            raise ValueError(f"--draft-context-length must be >= 0 (0: the whole context), "
-                             f"not {self.draft_context_length}.")
+        for flag, value, whole in (("--draft-vocab-size", self.draft_vocab_size, "vocabulary"),
+                                   ("--draft-context-length", self.draft_context_length, "context")):
+            if value is not None and value < 0:
+                raise ValueError(f"{flag} must be >= 0 (0: the whole {whole}), not {value}.")
         if self.interleave not in INTERLEAVE:
             raise ValueError(f"--interleave takes {' or '.join(INTERLEAVE)}, not {self.interleave!r}.")
 
@@ -345,7 +344,8 @@ def main(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, interleave=args.interleave,
         kv_cache_precision=None if args.kv_cache_precision == "default" else args.kv_cache_precision,
         num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,
-        draft_vocab_size=args.draft_vocab_size, draft_context_length=args.draft_context_length, bandwidth=args.bandwidth * 1e9 if args.bandwidth else None)
+        draft_vocab_size=args.draft_vocab_size, draft_context_length=args.draft_context_length,
+        bandwidth=args.bandwidth * 1e9 if args.bandwidth else None)
     result = run(settings, progress=not args.no_progress, command=" ".join(["xpuspec"] + sys.argv[1:]))
     report.validate(result)
     print(report.markdown(result))

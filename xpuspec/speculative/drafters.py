@@ -174,7 +174,8 @@ class ModelDrafter(Drafter):
     after: its prefill costs that many tokens instead of the whole prompt, and the target's verification
     keeps the output exact whatever the draft sees (a draft with a truncated view of the context, as
     MagicDec's StreamingLLM draft cache: Chen et al. 2024, "MagicDec: Breaking the Latency-Throughput
-    Tradeoff for Long Context Generation with Speculative Decoding"). A hybrid's prompt lookup still searches the whole context.
+    Tradeoff for Long Context Generation with Speculative Decoding"). A hybrid's prompt lookup still searches
+    the whole context.
     """
 
     stochastic = True

@@ -5,7 +5,8 @@ from functools import lru_cache
 from ..decode import DraftSchedule
 from ..errors import DraftMismatchError
 from .config import SpeculativeConfig
-from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, DEFAULT_LOOKUP_TOKENS, HybridDrafter, ModelDrafter, PromptLookupDrafter, check_count
+from .drafters import (DEFAULT_DRAFT_CONTEXT_LENGTH, DEFAULT_LOOKUP_TOKENS, HybridDrafter, ModelDrafter,
+                       PromptLookupDrafter, check_count)
 from .overlap import OverlappedDrafter
 
 
