@@ -738,3 +738,50 @@ def test_bad_draft_context_lengths_are_refused_by_name(value):
         SpeculativeConfig(mode="hybrid", draft_context_length=value)
     with pytest.raises(SpeculativeConfigError, match="draft_context_length"):
         SpeculativeConfig(mode="prompt_lookup", draft_context_length=8)
+
+
+@pytest.mark.parametrize("target_uses, draft_uses, inside", [(False, None, 1), (True, None, 2), (False, True, 2),
+                                                             (False, False, 1)])
+def test_the_loop_runs_torch_on_one_thread_unless_a_runner_computes_with_its_threads(target_uses, draft_uses, inside):
+    """Where no runner of a request computes with torch's threads (OpenVINO), decode() runs torch on one thread
+    (its OpenMP threads would compete with the backend's), and restores the count afterwards."""
+    from transformers import GenerationConfig
+
+    from xpuspec.decode import decode
+    from xpuspec.generation import resolve_generation_config
+    from xpuspec.runner import Runner
+
+    class Successor(Runner):
+        """The next token is the last + 1 (mod 8); notes torch's thread count during each pass."""
+        device, vocab_size, weight_bytes, num_layers = "cpu", 8, 0, 1
+
+        def __init__(self, uses_torch_threads):
+            self.uses_torch_threads, self.held, self.seen = uses_torch_threads, 0, set()
+
+        @property
+        def length(self):
+            return self.held
+
+        def forward(self, tokens, logits_to_keep=None):
+            self.seen.add(torch.get_num_threads())
+            self.held += len(tokens)
+            rows = torch.tensor(list(tokens)[-(logits_to_keep or len(tokens)):])
+            return torch.nn.functional.one_hot((rows + 1) % 8, 8).float() * 50
+
+        def rollback(self, n):
+            self.held -= n
+
+        def reset(self):
+            self.held = 0
+
+    target = Successor(target_uses)
+    draft = None if draft_uses is None else Successor(draft_uses)
+    drafter = None if draft is None else ModelDrafter(draft, vocab_size=8)
+    config = resolve_generation_config(GenerationConfig(), None, dict(max_new_tokens=6, do_sample=False))
+    torch.set_num_threads(2)
+    try:
+        assert decode(target, [1, 2], config, drafter=drafter)[0] == [3, 4, 5, 6, 7, 0]
+        assert target.seen == {inside} and (draft is None or draft.seen == {inside})
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)

@@ -31,6 +31,8 @@ class Runner(ABC):
             equals plain output. A draft model's is set to 1 when it drafts (its numerics need not match).
         head_tokens: the token ids a draft's cut LM head scores (int64 ``[n]``; every other logit is ``-inf``,
             :mod:`xpuspec.speculative.vocab`), or ``None`` where the head scores the whole vocabulary.
+        uses_torch_threads: the passes compute with torch's intra-op threads (the torch backends). Where no
+            runner of a request does, the decode loop runs torch on one thread (:func:`xpuspec.decode.decode`).
     """
 
     device: str
@@ -43,6 +45,7 @@ class Runner(ABC):
     lockstep: bool = False
     single_step_width: int = 1
     head_tokens: Optional[torch.Tensor] = None
+    uses_torch_threads: bool = False
 
     @property
     @abstractmethod

@@ -16,6 +16,8 @@ def parameter_bytes(module) -> int:
 class TorchRunner(Runner):
     """A transformers causal LM on ``cpu`` or ``xpu:N`` (batch size 1)."""
 
+    uses_torch_threads = True
+
     def __init__(self, model, device: str):
         self.model = model
         self.device = device

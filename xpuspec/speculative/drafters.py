@@ -108,6 +108,10 @@ class Drafter(ABC):
         for ``target``, to be told so before decoding (:meth:`Runner.expect_mixed_widths`); default: none."""
         return []
 
+    def runners(self) -> List[Runner]:
+        """The runners this drafter computes with (its draft model's); default: none."""
+        return []
+
 
 def check_count(name: str, value) -> int:
     """``value`` as an int, where it is an integer (Python's or NumPy's; not a bool) >= 1.
@@ -201,6 +205,9 @@ class ModelDrafter(Drafter):
 
     def mixed_width_runners(self, target):
         return [self.runner]  # drafting steps between the passes that catch up on accepted tokens
+
+    def runners(self):
+        return [self.runner]
 
     def start(self, context, score, sample, threshold=0.0) -> None:
         """Reset and prefill the draft with ``context`` now, so that the first round the cost model
@@ -325,6 +332,9 @@ class HybridDrafter(Drafter):
     def mixed_width_runners(self, target):
         # the target verifies the model's rounds at one padded width (plugins/xpuspec_openvino/paged.py)
         return self.model.mixed_width_runners(target)
+
+    def runners(self):
+        return self.model.runners()
 
     def last_round_costless(self) -> bool:
         return self._looked_up

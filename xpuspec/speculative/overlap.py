@@ -94,6 +94,9 @@ class OverlappedDrafter(Drafter):
     def mixed_width_runners(self, target):
         return self.model.mixed_width_runners(target)
 
+    def runners(self):
+        return self.model.runners()
+
     def propose(self, context, k, score, sample, threshold=0.0, costless_k=None):
         """Up to ``k`` tokens the worker drafted after ``context``; waits for the first one.
 
