@@ -136,11 +136,11 @@ def torch_on_one_thread(runners: Sequence[Runner]):
     threads (:attr:`Runner.uses_torch_threads`); the setting before is restored afterwards.
 
     The decode loop's own tensor work is small (a few rows of logits: scoring, concatenation, argmax), and
-    torch's OpenMP threads otherwise compete with the backend's threads for the cores: on a 2-core Xeon,
-    in-process A/B over 3 code + 3 prose + 4 edit prompts x 64 tokens x 2 (SmolLM2-135M int8 on OpenVINO,
-    outputs identical), prompt lookup took 23.5 s on one thread against 39.3 s on two, plain decoding
-    36.6 against 47.1 s (a busy machine; a clone of one row of logits took 3.7 ms on two threads).
-    Not thread-safe against other threads changing torch's thread count meanwhile."""
+    torch's OpenMP threads otherwise compete with the backend's threads for the cores. In-process A/B on a
+    2-core Xeon, 3 code + 3 prose + 4 edit prompts x 64 tokens x 2 (SmolLM2-135M int8 on OpenVINO, outputs
+    identical): on a quiet machine prompt lookup 1.04x and plain decoding 1.02x end to end; on a busy one
+    (other load slowing OpenVINO 3x) 1.69x and 1.28x, where a clone of one row of logits took 3.7 ms on two
+    threads. Not thread-safe against other threads changing torch's thread count meanwhile."""
     before = torch.get_num_threads()
     if before == 1 or any(r.uses_torch_threads for r in runners):
         yield
