@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from xpuspec import (AutoModelForCausalLM, AutoTokenizer, DeviceNotFoundError, DraftMismatchError,
-                     GenerationConfigError, InvalidInputError, ModelSourceError, PromptTooLongError,
-                     UnsupportedArchitectureError, export)
+                     GenerationConfigError, InvalidInputError, LowBitConfigError, ModelSourceError, PromptTooLongError,
+                     SpeculativeConfigError, UnsupportedArchitectureError, export)
 from xpuspec.devices import resolve_device
 
 from tiny import tiny_model
@@ -38,6 +38,57 @@ IDS = torch.tensor([[1, 1604, 3987, 46477, 24, 94, 727]])  # "def fibonacci(n):"
 def test_bad_generate_input(ov_fp32, kwargs, error, phrase):
     with pytest.raises(error, match=phrase):
         ov_fp32.generate(**{"max_new_tokens": 4, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs, error, phrase", [
+    (dict(max_length=7), GenerationConfigError, "Input length of input_ids is 7, but max_length is set to 7; increase"),
+    (dict(max_length=0), GenerationConfigError, "max_length is set to 0"),
+    (dict(max_new_tokens=4, logits_processor=[lambda ids, scores: scores]), NotImplementedError,
+     "does not implement logits_processor; leave them out"),
+    (dict(max_new_tokens=4, stopping_criteria=[object()]), NotImplementedError, "does not implement stopping_criteria"),
+    (dict(max_new_tokens=4, speculative=True), SpeculativeConfigError,
+     "on a model loaded without speculation has nothing to draft with"),
+    (dict(max_new_tokens=4, speculative="yes"), TypeError, "speculative must be True, False or None, got 'yes'"),
+])
+def test_generate_options_that_cannot_apply_are_refused(ov_fp32, kwargs, error, phrase):
+    """Options whose meaning xpuspec cannot honour raise instead of being ignored (transformers raises for the
+    max_length case too); an empty logits_processor list changes nothing and is accepted."""
+    with pytest.raises(error, match=phrase):
+        ov_fp32.generate(input_ids=IDS, **kwargs)
+    assert ov_fp32.generate(input_ids=IDS, max_new_tokens=2, logits_processor=[], stopping_criteria=None).shape == (1, 9)
+
+
+def test_torch_module_idioms_and_cache_flags(ov_fp32):
+    """eval() and to(the model's own device) are no-ops for code written for torch modules; another device, a
+    dtype, or asking for a KV cache back from model(...) (which returns none) is refused."""
+    assert ov_fp32.eval() is ov_fp32 and ov_fp32.to("cpu") is ov_fp32 and ov_fp32.to(ov_fp32.device) is ov_fp32
+    for bad in ("cuda", torch.float16):
+        with pytest.raises(NotImplementedError, match="places a model when it loads it"):
+            ov_fp32.to(bad)
+    with pytest.raises(NotImplementedError, match="use_cache=True are not supported"):
+        ov_fp32(IDS, use_cache=True)
+    assert ov_fp32(IDS, use_cache=False).logits.shape == (1, 7, 49152)
+
+
+@pytest.mark.parametrize("kwargs, error, phrase", [
+    (dict(load_in_low_bit="int4_asym", group_size=64.0), LowBitConfigError, "group_size must be an integer"),
+    (dict(load_in_low_bit="int4_asym", group_size="64"), LowBitConfigError, "group_size must be an integer"),
+    (dict(load_in_low_bit="int4_asym", group_size=True), LowBitConfigError, "group_size must be an integer"),
+    (dict(load_in_low_bit="int4_asym", ratio="0.8"), LowBitConfigError, "ratio must be a number in"),
+    (dict(load_in_low_bit="int4_asym", awq="yes"), LowBitConfigError, "awq must be True or False"),
+    (dict(speculative=True, draft_low_bit="int3"), LowBitConfigError, "Unknown low-bit format 'int3'"),
+    (dict(speculative=True, draft_device="foo"), DeviceNotFoundError, "foo"),
+])
+def test_bad_load_options_are_refused_before_the_model_loads(kwargs, error, phrase, monkeypatch):
+    """The draft's settings are checked with the target's, before any model is read or compressed."""
+    import xpuspec.modeling
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model source was resolved before the options were checked")
+
+    monkeypatch.setattr(xpuspec.modeling, "resolve_source", no_load)
+    with pytest.raises(error, match=phrase):
+        AutoModelForCausalLM.from_pretrained("smollm2-135m-instruct", device="cpu", **kwargs)
 
 
 def test_bad_forward_input(ov_fp32):

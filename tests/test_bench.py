@@ -75,6 +75,13 @@ def test_system_names_are_checked():
         BenchSettings(systems=["hf"], draft_vocab_size=-5).check()
     with pytest.raises(ValueError, match="--draft-context-length must be >= 0"):
         BenchSettings(systems=["hf"], draft_context_length=-1).check()
+    for bad, phrase in ((dict(low_bit="int3"), "--low-bit takes one of int4_sym"),
+                        (dict(draft_low_bit="int3"), "--draft-low-bit takes one of"),
+                        (dict(num_assistant_tokens=0), "--num-assistant-tokens must be at least 1"),
+                        (dict(bandwidth=-5e9), "--bandwidth must be a positive number of GB/s, not -5"),
+                        (dict(bandwidth=0.0), "--bandwidth must be a positive")):
+        with pytest.raises(ValueError, match=phrase):
+            BenchSettings(systems=["hf"], **bad).check()
 
 
 @pytest.fixture(scope="module")

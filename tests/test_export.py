@@ -86,3 +86,20 @@ def test_missing_path_and_non_model_folder(tmp_path):
     with pytest.raises(ModelSourceError, match="is not a model"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "notes")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_export_over_its_own_source_or_the_cache_is_refused_even_with_force(smollm2_path, tmp_path, monkeypatch):
+    """--force replaces the output folder: where that folder is, or holds, the model's source folder or xpuspec's
+    cache, the export is refused before any work and the source stays as it was."""
+    from xpuspec import OutputExistsError
+    from xpuspec.cache import cache_root
+
+    before = {p.name: p.stat().st_mtime_ns for p in smollm2_path.iterdir()}
+    for out in (smollm2_path, smollm2_path.parent, cache_root()):
+        with pytest.raises(OutputExistsError, match="force or not"):
+            export(smollm2_path, out, weight_format="int8_asym", force=True)
+    monkeypatch.chdir(smollm2_path)
+    done = _cli("export", ".", ".", "--weight-format", "int8_asym", "--force")
+    assert done.returncode == 2 and "is or holds the model's own folder" in done.stderr, done.stderr[-2000:]
+    assert {p.name: p.stat().st_mtime_ns for p in smollm2_path.iterdir()} == before
+    assert not [p for p in smollm2_path.parent.iterdir() if p.name.startswith(f".{smollm2_path.name}.tmp")]

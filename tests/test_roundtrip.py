@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from xpuspec import FORMATS, AutoModelForCausalLM, LowBitConfigError, OutputExistsError, export
+from xpuspec.cache import cache_root
 
 from conftest import MODEL
 from tiny import tiny_model
@@ -27,6 +28,9 @@ def test_save_and_export_round_trips_are_bit_identical(smollm2_path, tmp_path, f
     assert reference.abs().max() > 1  # real logits, not an empty or zero tensor
     with pytest.raises(OutputExistsError, match="pass force=True"):
         model.save_low_bit(tmp_path / "saved")
+    for kept in (tmp_path / "saved", tmp_path, cache_root()):  # force replaces: not the model's folder or the cache
+        with pytest.raises(OutputExistsError, match="force or not"):
+            saved.save_low_bit(kept, force=True)
     if fmt != "fp32":
         other = "int8_asym" if fmt != "int8_asym" else "int4_sym"
         with pytest.raises(LowBitConfigError, match=f"already compressed to {fmt}"):

@@ -22,6 +22,8 @@ from typing import List, Optional
 
 from filelock import FileLock
 
+from .errors import OutputExistsError
+
 log = logging.getLogger("xpuspec")
 
 #: Name of the metadata file xpuspec writes into the folders it produces.
@@ -123,6 +125,15 @@ def atomic_folder(final: Path, overwrite: bool = False):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def refuse_replacing(out: Path, kept: Path, what: str) -> None:
+    """Raise :class:`OutputExistsError` where the folder ``out`` is, or holds, ``kept`` (also through links):
+    replacing ``out``, as ``--force`` / ``force=True`` does, would delete ``kept``."""
+    out, kept = Path(os.path.abspath(out)), Path(os.path.abspath(kept))
+    if out == kept or out in kept.parents or out.resolve() in (kept.resolve(), *kept.resolve().parents):
+        raise OutputExistsError(f"{out} is or holds {what} ({kept}); writing there would replace it, force or not. "
+                                "Choose another output folder.")
 
 
 def file_sha256(path: Path) -> str:

@@ -5,10 +5,11 @@ interrupted export leaves nothing behind; an existing non-empty folder is replac
 only with ``force``.
 """
 
+import os
 from pathlib import Path
 from typing import Optional
 
-from .cache import atomic_folder, write_manifest
+from .cache import atomic_folder, cache_root, refuse_replacing, write_manifest
 from .devices import backends
 from .errors import BackendUnavailableError, DeviceNotFoundError, OutputExistsError
 from .lowbit import LowBitConfig, decoder_in_channels
@@ -32,14 +33,17 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
         force: replace a non-empty ``output``.
 
     Raises:
-        OutputExistsError: ``output`` is not empty and ``force`` is false (checked before any work).
+        OutputExistsError: ``output`` is not empty and ``force`` is false (checked before any work), or ``output`` is,
+            or holds, the model's own folder or xpuspec's cache (refused even with ``force``).
+        OSError: the temporary folder beside ``output`` cannot be created (made before any work).
         LowBitConfigError: an invalid format or parameter, or an NPU rule broken.
         DeviceNotFoundError: ``device`` is not an OpenVINO device spelling.
         ModelSourceError: the model cannot be found.
     """
-    out = Path(output)
+    out = Path(os.path.abspath(Path(output).expanduser()))  # "." gets a name; a link stays a link
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise OutputExistsError(f"{out} exists and is not empty; pass --force (force=True) to replace it.")
+    refuse_replacing(out, cache_root(), "xpuspec's cache")
     kind = device.lower().split(".")[0]
     if kind not in EXPORT_DEVICES:
         raise DeviceNotFoundError(f"Export targets OpenVINO devices {', '.join(EXPORT_DEVICES)} (or gpu.N), not {device!r}.")
@@ -49,9 +53,11 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
     exporters = [b for b in backends().values() if b.can_export]
     if not exporters:
         raise BackendUnavailableError("No installed backend can export OpenVINO IR; install xpuspec with its openvino plugin.")
-    source = resolve_source(model)
-    low_bit = low_bit.fitted(decoder_in_channels(source.config), device)
-    with atomic_folder(out, overwrite=force) as tmp:
+    with atomic_folder(out, overwrite=force) as tmp:  # first, so that an unwritable output fails before any work
+        source = resolve_source(model)
+        refuse_replacing(out, source.path, "the model's own folder")
+        low_bit = low_bit.fitted(decoder_in_channels(source.config), device)
         exporters[0].export_ir(source, tmp, low_bit, device.lower())
         write_manifest(tmp)
     return out
+

@@ -118,13 +118,19 @@ class GenerationStats:
         return line
 
 
+#: transformers.generate() arguments outside GenerationConfig that xpuspec does not implement.
+GENERATE_ARGUMENTS_NOT_IMPLEMENTED = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
+                                      "synced_gpus", "negative_prompt_ids", "negative_prompt_attention_mask")
+
+
 def resolve_generation_config(base: GenerationConfig, generation_config: Optional[GenerationConfig],
                               kwargs: dict) -> GenerationConfig:
     """Merge ``generation_config`` (or the model's ``base``) with keyword overrides, and validate.
 
     Raises:
         TypeError: a keyword is not a generation argument, ``max_new_tokens`` not an integer.
-        NotImplementedError: beams, several return sequences, or a field in :data:`UNSUPPORTED_FIELDS`.
+        NotImplementedError: beams, several return sequences, a field in :data:`UNSUPPORTED_FIELDS`, or an argument
+            in :data:`GENERATE_ARGUMENTS_NOT_IMPLEMENTED`.
         GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``, or another
             value transformers' ``GenerationConfig`` or its logits processors refuse (``top_k=-1``).
     """
@@ -142,6 +148,10 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
         unused = config.update(**kwargs)
     except ValueError as exc:  # transformers' own validation of a value
         raise GenerationConfigError(f"Invalid generation argument: {exc}") from exc
+    given = [name for name in GENERATE_ARGUMENTS_NOT_IMPLEMENTED if unused.get(name)]  # None, False, []: no effect
+    if given:
+        raise NotImplementedError(f"xpuspec's generate() does not implement {', '.join(given)}; leave them out.")
+    unused = {k: v for k, v in unused.items() if k not in GENERATE_ARGUMENTS_NOT_IMPLEMENTED}
     if unused:
         raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(sorted(unused))}.")
     defaults = GenerationConfig()
@@ -198,6 +208,17 @@ def max_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
     if config.max_length is None:
         return TRANSFORMERS_DEFAULT_NEW_TOKENS
     return max(config.max_length - prompt_len, 0)
+
+
+def check_max_length(config: GenerationConfig, prompt_len: int) -> None:
+    """Refuse a ``max_length`` (without ``max_new_tokens``) that leaves no room after the prompt, as transformers does.
+
+    Raises:
+        GenerationConfigError: the prompt has at least ``max_length`` tokens.
+    """
+    if config.max_new_tokens is None and config.max_length is not None and prompt_len >= config.max_length:
+        raise GenerationConfigError(f"Input length of input_ids is {prompt_len}, but max_length is set to "
+                                    f"{config.max_length}; increase max_length or, better, set max_new_tokens.")
 
 
 def pack_output(prompt_ids: torch.Tensor, new: List[int], scores, raw, config: GenerationConfig):

@@ -6,6 +6,7 @@ and the KV cache keep their precision.
 """
 
 import logging
+import numbers
 from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Optional
 
@@ -49,6 +50,15 @@ class LowBitConfig:
             raise LowBitConfigError(
                 f"Unknown low-bit format {self.format!r}. Choose one of: {', '.join(FORMATS)}."
             )
+        if self.group_size is not None:
+            if isinstance(self.group_size, bool) or not isinstance(self.group_size, numbers.Integral):
+                raise LowBitConfigError(f"group_size must be an integer (or -1, channel-wise), got {self.group_size!r}.")
+            object.__setattr__(self, "group_size", int(self.group_size))  # a NumPy integer too
+        if isinstance(self.ratio, bool) or not isinstance(self.ratio, numbers.Real):
+            raise LowBitConfigError(f"ratio must be a number in (0, 1], got {self.ratio!r}.")
+        for flag in ("awq", "scale_estimation"):
+            if not isinstance(getattr(self, flag), bool):
+                raise LowBitConfigError(f"{flag} must be True or False, got {getattr(self, flag)!r}.")
         if not self.is_int4:
             if self.group_size not in (None, CHANNEL_WISE):
                 raise LowBitConfigError(

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -9,11 +10,11 @@ import torch
 from transformers import GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .cache import METADATA_FILE, atomic_folder, read_metadata
+from .cache import METADATA_FILE, atomic_folder, cache_root, read_metadata, refuse_replacing
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .decode import decode
-from .generation import pack_output, resolve_generation_config
+from .generation import check_max_length, pack_output, resolve_generation_config
 from .hf_folder import check_tokenizer_files
 from .inputs import check_fits, check_input_ids, clamp_to_context
 from .lowbit import decoder_in_channels, resolve_low_bit
@@ -78,6 +79,25 @@ class XpuspecModelForCausalLM:
     def can_generate(self) -> bool:
         return True
 
+    def eval(self) -> "XpuspecModelForCausalLM":
+        """Nothing to switch: the model only infers (for code written for torch modules). Returns ``self``."""
+        return self
+
+    def to(self, *args, **kwargs) -> "XpuspecModelForCausalLM":
+        """``self`` where every argument names where the model already is (:attr:`device` or the device it was
+        loaded on, e.g. ``model.to("cpu")``), for code written for torch modules.
+
+        Raises:
+            NotImplementedError: another device or a dtype; xpuspec places and formats a model when it loads it.
+        """
+        here = {str(self.device), self.device_name.lower()}
+        for value in (*args, *kwargs.values()):
+            if not (isinstance(value, (str, torch.device)) and str(value).lower() in here):
+                raise NotImplementedError(
+                    f"{type(self).__name__}.to({value!r}): xpuspec places a model when it loads it (it is on "
+                    f"{self.device_name}); load it again with from_pretrained(..., device=..., load_in_low_bit=...).")
+        return self
+
     def _context_length(self) -> Optional[int]:
         """Tokens the model can hold: ``max_position_embeddings``, or less where the runner's KV cache is smaller."""
         limits = [n for n in (getattr(self.config, "max_position_embeddings", None), self.runner.max_length) if n]
@@ -121,12 +141,13 @@ class XpuspecModelForCausalLM:
             InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,
                 an ``attention_mask`` of another shape.
             PromptTooLongError: the prompt leaves no room in the context, or passes the NPU prompt window.
-            GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``, a sampling
-                value transformers refuses (``top_k=-1``).
-            SpeculativeConfigError: a draft length, schedule or confidence threshold that is not valid.
+            GenerationConfigError: ``max_new_tokens < 1``, a ``max_length`` the prompt fills, ``do_sample`` with
+                ``temperature <= 0``, a sampling value transformers refuses (``top_k=-1``).
+            SpeculativeConfigError: a draft length, schedule or confidence threshold that is not valid, or
+                ``speculative=True`` with nothing to draft with.
             NotImplementedError: batch > 1, padding, beams, or an unimplemented generation option.
-            TypeError: an unknown keyword argument, ``max_new_tokens`` not an integer, or an assistant_model
-                that is not an xpuspec model.
+            TypeError: an unknown keyword argument, ``max_new_tokens`` not an integer, ``speculative`` not a bool,
+                or an assistant_model that is not an xpuspec model.
             DraftMismatchError: the assistant's vocabulary differs from this model's.
         """
         input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)
@@ -138,11 +159,19 @@ class XpuspecModelForCausalLM:
         if assistant_model is not None and assistant_model.runner is self.runner:
             raise ValueError("assistant_model is this model itself; they would share one KV cache. "
                              "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative=True.")
+        if speculative is not None and not isinstance(speculative, bool):
+            raise TypeError(f"speculative must be True, False or None, got {speculative!r}.")
+        if speculative and self.speculative_config is None and assistant_model is None \
+                and prompt_lookup_num_tokens is None:
+            raise SpeculativeConfigError(
+                "generate(speculative=True) on a model loaded without speculation has nothing to draft with: load it "
+                "with from_pretrained(..., speculative=...), or pass assistant_model= or prompt_lookup_num_tokens=.")
         drafter, schedule = plan_speculation(
             self, None if speculative is False else self.speculative_config, speculative is not False,
             assistant_model, prompt_lookup_num_tokens, num_assistant_tokens, num_assistant_tokens_schedule,
             assistant_confidence_threshold)
         config = resolve_generation_config(self.generation_config, generation_config, kwargs)
+        check_max_length(config, input_ids.shape[1])
         context = self._context_length()
         check_fits(input_ids.shape[1], context, self.runner.max_prompt_len, self.device_name)
         clamp_to_context(config, input_ids.shape[1], context)
@@ -187,10 +216,12 @@ class XpuspecModelForCausalLM:
         Raises:
             InvalidInputError: as for :meth:`generate`.
             PromptTooLongError: more tokens than the model's context (or the NPU prompt window).
-            NotImplementedError: batch > 1, padding, or ``past_key_values`` given.
+            NotImplementedError: batch > 1, padding, ``past_key_values`` given, or ``use_cache=True`` (no KV cache
+                comes back: a loop that fed it back would compute its next token without the context).
         """
-        if past_key_values is not None:
-            raise NotImplementedError("past_key_values is not supported; the runner manages its own KV cache.")
+        if past_key_values is not None or use_cache:
+            raise NotImplementedError("past_key_values and use_cache=True are not supported: model(...) computes the "
+                                      "whole sequence and returns no KV cache; use generate() for decoding.")
         input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)
         check_fits(input_ids.shape[1], self._context_length(), self.runner.max_prompt_len, self.device_name,
                    room_for_next=False)
@@ -209,12 +240,16 @@ class XpuspecModelForCausalLM:
         """Save the compressed model so :meth:`AutoModelForCausalLM.load_low_bit` restores it bit-identically.
 
         Raises:
-            OutputExistsError: ``save_directory`` exists and is not empty, and ``force`` is false.
+            OutputExistsError: ``save_directory`` exists and is not empty, and ``force`` is false; or it is, or holds,
+                the model's own folder or xpuspec's cache (refused even with ``force``).
             NotImplementedError: the model runs on the torch backend, which writes no IR (nothing is written).
         """
-        out = Path(save_directory)
+        out = Path(os.path.abspath(Path(save_directory).expanduser()))
         if out.exists() and any(out.iterdir()) and not force:
             raise OutputExistsError(f"{out} is not empty; pass force=True to replace it.")
+        refuse_replacing(out, cache_root(), "xpuspec's cache")
+        if Path(str(self.name_or_path)).expanduser().is_dir():
+            refuse_replacing(out, Path(str(self.name_or_path)).expanduser(), "the model's own folder")
         with atomic_folder(out, overwrite=True) as tmp:
             self.backend.save_low_bit(self.runner, tmp)
             meta = read_metadata(tmp)
@@ -316,6 +351,12 @@ class AutoModelForCausalLM:
             device_name = ",".join(stage_devices)
         for name in stage_devices if low_bit is not None else ():
             low_bit.check_device(name)  # before any slow work
+        if spec is not None and spec.uses_model:  # the draft's own settings too, before the target loads
+            draft_device_name = spec.resolved_draft_device or stage_devices[0]
+            resolve_device(draft_device_name)
+            draft_format = resolve_low_bit(spec.draft_low_bit)
+            if draft_format is not None:
+                draft_format.check_device(draft_device_name)
         source = resolve_source(pretrained_model_name_or_path)
         config = source.config  # a config transformers cannot read fails here, before a backend loads
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
@@ -338,7 +379,6 @@ class AutoModelForCausalLM:
         if spec is not None:
             model.speculative_config = spec
             if spec.uses_model:
-                draft_device_name = spec.resolved_draft_device or stage_devices[0]
                 model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
                     _draft_source(spec, source, pretrained_model_name_or_path), device=draft_device_name,
                     load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),

@@ -26,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..lowbit import FORMATS
 from . import prompts as prompt_sets
 from .systems import REFERENCE, SYSTEMS, Setup, parse_systems
 from .worker import Worker
@@ -96,6 +97,13 @@ class BenchSettings:
                 raise ValueError(f"{flag} must be >= 0 (0: the whole {whole}), not {value}.")
         if self.interleave not in INTERLEAVE:
             raise ValueError(f"--interleave takes {' or '.join(INTERLEAVE)}, not {self.interleave!r}.")
+        for flag, name in (("--low-bit", self.low_bit), ("--draft-low-bit", self.draft_low_bit)):
+            if name not in FORMATS:
+                raise ValueError(f"{flag} takes one of {', '.join(FORMATS)}, not {name!r}.")
+        if self.num_assistant_tokens is not None and self.num_assistant_tokens < 1:
+            raise ValueError(f"--num-assistant-tokens must be at least 1, not {self.num_assistant_tokens}.")
+        if self.bandwidth is not None and not self.bandwidth > 0:
+            raise ValueError(f"--bandwidth must be a positive number of GB/s, not {self.bandwidth / 1e9:g}.")
 
 
 def _versions() -> dict:
@@ -345,7 +353,10 @@ def main(args: argparse.Namespace) -> int:
         kv_cache_precision=None if args.kv_cache_precision == "default" else args.kv_cache_precision,
         num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,
         draft_vocab_size=args.draft_vocab_size, draft_context_length=args.draft_context_length,
-        bandwidth=args.bandwidth * 1e9 if args.bandwidth else None)
+        bandwidth=None if args.bandwidth is None else args.bandwidth * 1e9)
+    for option, path in (("--json", args.json), ("--plot", args.plot)):  # before the run, not after it
+        if path and not Path(path).expanduser().resolve().parent.is_dir():
+            raise ValueError(f"{option} {path}: its folder does not exist; create it or choose another path.")
     result = run(settings, progress=not args.no_progress, command=" ".join(["xpuspec"] + sys.argv[1:]))
     report.validate(result)
     print(report.markdown(result))
