@@ -54,6 +54,16 @@ def test_bad_cli_input_gives_one_line_errors():
         assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr
 
 
+def test_bad_generation_options_are_refused_before_the_model_is_looked_up():
+    """A model that does not exist: each error is about the option, so none waited for a model to load."""
+    for args, phrase in [(["--max-new-tokens", "0"], "max_new_tokens must be at least 1"),
+                         (["--do-sample", "--temperature", "0"], "needs temperature > 0"),
+                         (["--do-sample", "--top-k", "-1"], "`top_k` has to be a strictly positive integer"),
+                         (["--speculative", "layer-skip"], "did you mean 'layer_skip'?")]:
+        done = _cli("generate", "hi", "--model", "no-such-model", *args)
+        assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_ctrl_c_while_the_cli_imports_torch_exits_130_quietly():
     proc = subprocess.Popen([sys.executable, "-m", "xpuspec", "generate", "hi"], preexec_fn=default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -29,8 +29,9 @@ def _pull(args) -> int:
 
 
 def _generate(args) -> int:
-    from transformers import TextStreamer
+    from transformers import GenerationConfig, TextStreamer
 
+    from .generation import resolve_generation_config
     from .modeling import AutoModelForCausalLM, AutoTokenizer
 
     if not args.prompt.strip():
@@ -39,6 +40,10 @@ def _generate(args) -> int:
                                      or args.draft_vocab_size is not None or args.draft_context_length is not None):
         raise ValueError("--draft-low-bit, --draft-device, --num-assistant-tokens, --draft-vocab-size and "
                          "--draft-context-length need --speculative MODE.")
+    sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) \
+        if args.do_sample else dict(do_sample=False)
+    resolve_generation_config(GenerationConfig(), None, dict(max_new_tokens=args.max_new_tokens, **sampling))
+    speculative = _speculative(args)  # both checked before the model loads
     if not args.pipeline_parallel_stages:
         _refuse_torchrun_without_stages()
     main_rank = _quiet_unless_rank_0() if args.pipeline_parallel_stages else True
@@ -46,7 +51,7 @@ def _generate(args) -> int:
     model = AutoModelForCausalLM.from_pretrained(
         args.model, device=args.device, backend=args.backend,
         load_in_low_bit=None if args.low_bit == "none" else args.low_bit,
-        speculative=_speculative(args), pipeline_parallel_stages=args.pipeline_parallel_stages, split=args.split,
+        speculative=speculative, pipeline_parallel_stages=args.pipeline_parallel_stages, split=args.split,
     )
     if model.runner.lockstep and args.do_sample:
         from .distributed import same_seed
@@ -57,8 +62,6 @@ def _generate(args) -> int:
         if model.draft_model is not None:
             _print_device_map("draft", model.draft_model)
     inputs = tokenizer(args.prompt, return_tensors="pt")
-    sampling = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) \
-        if args.do_sample else dict(do_sample=False)
     streamer = TextStreamer(tokenizer, skip_special_tokens=True) if main_rank else None
     model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
     if main_rank:

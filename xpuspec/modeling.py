@@ -352,6 +352,8 @@ class AutoModelForCausalLM:
         for name in stage_devices if low_bit is not None else ():
             low_bit.check_device(name)  # before any slow work
         if spec is not None and spec.uses_model:  # the draft's own settings too, before the target loads
+            if spec.draft:
+                resolve_source(spec.draft)
             draft_device_name = spec.resolved_draft_device or stage_devices[0]
             resolve_device(draft_device_name)
             draft_format = resolve_low_bit(spec.draft_low_bit)

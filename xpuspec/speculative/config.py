@@ -183,6 +183,15 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
     if isinstance(speculative, str) and speculative in MODES and speculative != "draft":
         return SpeculativeConfig(mode=speculative, **overrides)
     if isinstance(speculative, (str, os.PathLike)):
+        _refuse_mode_typo(str(speculative))
         return SpeculativeConfig(mode="draft", draft=str(speculative), **overrides)
     raise SpeculativeConfigError(f"speculative= takes True, 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft "
                                  f"path or a SpeculativeConfig, not {speculative!r}.")
+
+
+def _refuse_mode_typo(name: str) -> None:
+    """A draft name that is no folder but spells a mode another way (``"layer-skip"``, ``"Prompt_Lookup"``)."""
+    spelled = name.lower().replace("-", "_").replace(" ", "_")
+    if spelled in MODES and not os.path.isdir(os.path.expanduser(name)):
+        raise SpeculativeConfigError(f"speculative={name!r} is neither a mode nor a draft model folder; did you mean "
+                                     f"{spelled!r}? Modes: {', '.join(m for m in MODES if m != 'draft')}.")
