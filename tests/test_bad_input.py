@@ -79,6 +79,7 @@ def test_torch_module_idioms_and_cache_flags(ov_fp32):
     (dict(speculative=True, draft_low_bit="int3"), LowBitConfigError, "Unknown low-bit format 'int3'"),
     (dict(speculative=True, draft_device="foo"), DeviceNotFoundError, "foo"),
     (dict(speculative="prompt-lookup"), SpeculativeConfigError, "did you mean 'prompt_lookup'"),
+    (dict(ov_config="PERFORMANCE_HINT=LATENCY"), TypeError, "ov_config must be a dict of OpenVINO properties"),
 ])
 def test_bad_load_options_are_refused_before_the_model_loads(kwargs, error, phrase, monkeypatch):
     """The draft's settings are checked with the target's, before any model is read or compressed."""

@@ -103,3 +103,5 @@ def test_an_export_over_its_own_source_or_the_cache_is_refused_even_with_force(s
     assert done.returncode == 2 and "is or holds the model's own folder" in done.stderr, done.stderr[-2000:]
     assert {p.name: p.stat().st_mtime_ns for p in smollm2_path.iterdir()} == before
     assert not [p for p in smollm2_path.parent.iterdir() if p.name.startswith(f".{smollm2_path.name}.tmp")]
+    with pytest.raises(ValueError, match="The output folder is an empty string"):
+        export(smollm2_path, "", weight_format="int8_asym")

@@ -5,7 +5,7 @@ test_speculative_greedy.py."""
 import pytest
 import torch
 
-from xpuspec import AutoModelForCausalLM, ModelSourceError, SpeculativeConfig
+from xpuspec import AutoModelForCausalLM, ModelSourceError, SpeculativeConfig, SpeculativeConfigError
 from xpuspec.sources import resolve_source
 from xpuspec.speculative import layerskip
 from xpuspec.speculative.layerskip import (LayerSkipPlan, calibrate, expected_tokens_per_round, layer_skip_model,
@@ -86,10 +86,14 @@ def test_calibrated_plan_is_cached(tiny_deep, monkeypatch):
 def test_bad_layer_skip_requests(tiny_deep, tmp_path):
     source = resolve_source(str(tiny_deep))
     for skip in ([LAYERS], list(range(LAYERS)), []):
-        with pytest.raises(ModelSourceError, match="skip_layers"):
+        with pytest.raises(SpeculativeConfigError, match="skip_layers"):
             layer_skip_model(source, skip)
     with pytest.raises(ValueError, match="skip_layers applies to mode='layer_skip'"):
         SpeculativeConfig(mode="self", skip_layers=(1,))
+    for bad in ("1,2", (), (1, -1), (1.0,), (True,), 3):  # refused when the config is built, before any load
+        with pytest.raises(SpeculativeConfigError, match="skip_layers must be a non-empty sequence"):
+            SpeculativeConfig(mode="layer_skip", skip_layers=bad)
+    assert SpeculativeConfig(mode="layer_skip", skip_layers=[3, 1, 3]).skip_layers == (1, 3)
     with pytest.raises(ModelSourceError, match="at least 3"):
         calibrate(_hf(tiny_model(tmp_path / "two", seed=4)), torch.tensor([[1, 5, 7]]))
     ir = tmp_path / "ir"

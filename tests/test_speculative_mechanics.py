@@ -164,6 +164,9 @@ def test_options_of_another_mode_and_non_bool_flags_are_refused():
         SpeculativeConfig(cost_model="no")
     with pytest.raises(SpeculativeConfigError, match="overlap must be True, False or None"):
         SpeculativeConfig(overlap="yes")
+    for given in (dict(draft_device="gpu"), dict(draft_low_bit="int4_sym", draft="d")):
+        with pytest.raises(SpeculativeConfigError, match="prompt_lookup uses no draft model: drop draft"):
+            SpeculativeConfig(mode="prompt_lookup", **given)
 
 
 def test_a_hybrids_lookup_drafts_at_most_prompt_lookup_num_tokens(tiny_pair):

@@ -36,10 +36,13 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
         OutputExistsError: ``output`` is not empty and ``force`` is false (checked before any work), or ``output`` is,
             or holds, the model's own folder or xpuspec's cache (refused even with ``force``).
         OSError: the temporary folder beside ``output`` cannot be created (made before any work).
+        ValueError: ``output`` is an empty string.
         LowBitConfigError: an invalid format or parameter, or an NPU rule broken.
         DeviceNotFoundError: ``device`` is not an OpenVINO device spelling.
         ModelSourceError: the model cannot be found.
     """
+    if not str(output).strip():
+        raise ValueError("The output folder is an empty string; name the folder to write (\".\" for this one).")
     out = Path(os.path.abspath(Path(output).expanduser()))  # "." gets a name; a link stays a link
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise OutputExistsError(f"{out} exists and is not empty; pass --force (force=True) to replace it.")

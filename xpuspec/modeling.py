@@ -333,6 +333,9 @@ class AutoModelForCausalLM:
             TypeError: an unknown keyword argument.
         """
         spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
+        if ov_config is not None and not isinstance(ov_config, dict):
+            raise TypeError(f"ov_config must be a dict of OpenVINO properties, e.g. {{'PERFORMANCE_HINT': 'LATENCY'}}, "
+                            f"got {type(ov_config).__name__} {ov_config!r}.")
         draft_vocab_size = kwargs.pop(_DRAFT_VOCAB_SIZE, 0)  # a draft's SpeculativeConfig.draft_vocab_size; 0: no draft
         if kwargs:
             raise TypeError(f"from_pretrained() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")

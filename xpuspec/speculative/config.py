@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from ..decode import DraftSchedule
-from ..errors import LowBitConfigError, SpeculativeConfigError
+from ..errors import SpeculativeConfigError
 from .drafters import DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter, check_count
 
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
@@ -117,10 +117,18 @@ class SpeculativeConfig:
         if self.prompt_lookup_num_tokens is not None and self.mode not in ("prompt_lookup", "hybrid"):
             raise SpeculativeConfigError(f"prompt_lookup_num_tokens applies to modes 'prompt_lookup' and 'hybrid', "
                                          f"not {self.mode!r}: drop it, or pick one of those modes.")
-        if self.skip_layers is not None and self.mode != "layer_skip":
-            raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
-        if self.mode == "prompt_lookup" and (self.draft_low_bit or self.draft):
-            raise LowBitConfigError("prompt_lookup uses no draft model: drop draft= and draft_low_bit=.")
+        if self.skip_layers is not None:
+            if self.mode != "layer_skip":
+                raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
+            layers = self.skip_layers
+            if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__") or not list(layers) or any(
+                    isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0 for i in layers):
+                raise SpeculativeConfigError(f"skip_layers must be a non-empty sequence of layer indices (ints >= 0), "
+                                             f"e.g. (3, 4), got {layers!r}.")
+            object.__setattr__(self, "skip_layers", tuple(sorted({int(i) for i in layers})))
+        given = [name for name in ("draft", "draft_low_bit", "draft_device") if getattr(self, name)]
+        if self.mode == "prompt_lookup" and given:
+            raise SpeculativeConfigError(f"prompt_lookup uses no draft model: drop {'=, '.join(given)}=.")
         self._check_draft_count("draft_vocab_size", "vocabulary")
         self._check_draft_count("draft_context_length", "context")
         if self.mode == "prompt_lookup" and self.overlap:

@@ -33,7 +33,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..cache import cache_root, cached_folder, digest, folder_fingerprint
-from ..errors import ModelSourceError
+from ..errors import ModelSourceError, SpeculativeConfigError
 
 log = logging.getLogger("xpuspec")
 
@@ -238,13 +238,15 @@ def layer_skip_model(source, skip: Optional[Sequence[int]] = None) -> Path:
         The folder (config, weights of the kept layers renumbered 0..m-1, tokenizer files).
 
     Raises:
-        ModelSourceError: an IR source, or ``skip`` is empty, out of range, or every layer.
+        ModelSourceError: an IR source.
+        SpeculativeConfigError: ``skip`` is empty, out of range, or every layer.
     """
     plan = layer_skip_plan(source) if skip is None else None
     skip = sorted(set(plan.skip if plan else skip))
     n = source.config.num_hidden_layers
     if not skip or any(not 0 <= i < n for i in skip) or len(skip) >= n:
-        raise ModelSourceError(f"skip_layers={skip} must name 1 to {n - 1} of the layers 0..{n - 1} of {source.name!r}.")
+        raise SpeculativeConfigError(f"skip_layers={skip} must name 1 to {n - 1} of the layers 0..{n - 1} of "
+                                     f"{source.name!r}.")
     if plan:
         log.log(logging.INFO if plan.predicted_speedup >= 1 else logging.WARNING,
                 "layer-skip draft of %s skips %d of %d layers %s: calibrated agreement %.0f%%, predicted %.2fx at "
