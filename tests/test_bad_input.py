@@ -46,6 +46,8 @@ def test_bad_generate_input(ov_fp32, kwargs, error, phrase):
     (dict(max_new_tokens=4, logits_processor=[lambda ids, scores: scores]), NotImplementedError,
      "does not implement logits_processor; leave them out"),
     (dict(max_new_tokens=4, stopping_criteria=[object()]), NotImplementedError, "does not implement stopping_criteria"),
+    (dict(max_new_tokens=4, negative_prompt_ids=torch.tensor([[1, 2]])), NotImplementedError,
+     "does not implement negative_prompt_ids"),
     (dict(max_new_tokens=4, speculative=True), SpeculativeConfigError,
      "on a model loaded without speculation has nothing to draft with"),
     (dict(max_new_tokens=4, speculative="yes"), TypeError, "speculative must be True, False or None, got 'yes'"),
@@ -62,6 +64,7 @@ def test_torch_module_idioms_and_cache_flags(ov_fp32):
     """eval() and to(the model's own device) are no-ops for code written for torch modules; another device, a
     dtype, or asking for a KV cache back from model(...) (which returns none) is refused."""
     assert ov_fp32.eval() is ov_fp32 and ov_fp32.to("cpu") is ov_fp32 and ov_fp32.to(ov_fp32.device) is ov_fp32
+    assert ov_fp32.to("cpu:0", non_blocking=False) is ov_fp32 and ov_fp32.to(device=torch.device("cpu", 0)) is ov_fp32
     for bad in ("cuda", torch.float16):
         with pytest.raises(NotImplementedError, match="places a model when it loads it"):
             ov_fp32.to(bad)
@@ -79,6 +82,7 @@ def test_torch_module_idioms_and_cache_flags(ov_fp32):
     (dict(speculative=True, draft_low_bit="int3"), LowBitConfigError, "Unknown low-bit format 'int3'"),
     (dict(speculative=True, draft_device="foo"), DeviceNotFoundError, "foo"),
     (dict(speculative="prompt-lookup"), SpeculativeConfigError, "did you mean 'prompt_lookup'"),
+    (dict(speculative="draft"), SpeculativeConfigError, "a draft model drafts when speculative= names it"),
     (dict(ov_config="PERFORMANCE_HINT=LATENCY"), TypeError, "ov_config must be a dict of OpenVINO properties"),
 ])
 def test_bad_load_options_are_refused_before_the_model_loads(kwargs, error, phrase, monkeypatch):
@@ -224,3 +228,36 @@ def test_an_export_config_outside_its_transformers_range_is_refused_before_work(
                                                            r"this environment has .*backend='torch'"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "gemma2", device="cpu")
     assert not (tmp_path / "cache" / "ov").exists() or not any((tmp_path / "cache" / "ov").rglob("*.xml"))
+
+
+def test_a_streamer_that_raises_inside_the_native_engine_raises_in_python(smollm2_path):
+    """Plain greedy on OpenVINO runs in openvino_genai's C++ loop, which calls the streamer: an exception there
+    is raised from generate() (it used to abort the process), and the model decodes again afterwards. Run in a
+    subprocess, so that an abort cannot take the test session with it."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+from xpuspec import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained("smollm2-135m-instruct", device="cpu", load_in_low_bit="int8_asym",
+                                             ov_config={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+class Failing:
+    calls = 0
+    def put(self, value):
+        Failing.calls += 1
+        if Failing.calls == 3:
+            raise RuntimeError("streamer failed")
+    def end(self):
+        pass
+ids = torch.tensor([[1, 1604, 3987, 46477, 24, 94, 727]])
+try:
+    model.generate(input_ids=ids, max_new_tokens=8, streamer=Failing())
+except RuntimeError as exc:
+    print("raised:", exc)
+out = model.generate(input_ids=ids, max_new_tokens=4)
+print("again:", tuple(out.shape), model.last_generate_stats.extra.get("engine"))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "raised: streamer failed" in done.stdout and "again: (1, 11) native" in done.stdout, done.stdout

@@ -89,19 +89,33 @@ def test_missing_path_and_non_model_folder(tmp_path):
 
 
 def test_an_export_over_its_own_source_or_the_cache_is_refused_even_with_force(smollm2_path, tmp_path, monkeypatch):
-    """--force replaces the output folder: where that folder is, or holds, the model's source folder or xpuspec's
-    cache, the export is refused before any work and the source stays as it was."""
+    """--force replaces the output folder: where that folder is, or holds, the model's source folder or the current
+    folder, or is, holds or lies inside xpuspec's cache, the export and save_low_bit are refused before any work
+    (before the "pass --force" advice, too), and nothing changes."""
+    import shutil
+
     from xpuspec import OutputExistsError
     from xpuspec.cache import cache_root
 
-    before = {p.name: p.stat().st_mtime_ns for p in smollm2_path.iterdir()}
-    for out in (smollm2_path, smollm2_path.parent, cache_root()):
-        with pytest.raises(OutputExistsError, match="force or not"):
-            export(smollm2_path, out, weight_format="int8_asym", force=True)
-    monkeypatch.chdir(smollm2_path)
-    done = _cli("export", ".", ".", "--weight-format", "int8_asym", "--force")
+    source = tmp_path / "src"
+    shutil.copytree(smollm2_path, source)
+    (tmp_path / "work").mkdir()
+    before = {p.name: p.stat().st_mtime_ns for p in source.iterdir()}
+    for model, out, kept in ((source, source, "the model's own folder"), (source, tmp_path, "the model's own folder"),
+                             (MODEL, smollm2_path, "xpuspec's cache"), (MODEL, cache_root() / "ov", "xpuspec's cache"),
+                             (source, cache_root(), "xpuspec's cache"), (source, tmp_path / "work", "the current folder")):
+        monkeypatch.chdir(tmp_path / "work")
+        with pytest.raises(OutputExistsError, match=f"{kept}.*force or not"):
+            export(model, out, weight_format="int8_asym", force=True)
+    monkeypatch.chdir(source)
+    done = _cli("export", ".", ".", "--weight-format", "int8_asym")  # refused as the source, not "pass --force"
     assert done.returncode == 2 and "is or holds the model's own folder" in done.stderr, done.stderr[-2000:]
-    assert {p.name: p.stat().st_mtime_ns for p in smollm2_path.iterdir()} == before
-    assert not [p for p in smollm2_path.parent.iterdir() if p.name.startswith(f".{smollm2_path.name}.tmp")]
+    monkeypatch.chdir(tmp_path / "work")
+    saved = AutoModelForCausalLM.from_pretrained("../src", device="cpu")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputExistsError, match="the model's own folder"):
+        saved.save_low_bit(source, force=True)  # loaded through a relative path from another folder
+    assert {p.name: p.stat().st_mtime_ns for p in source.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".src.tmp")]
     with pytest.raises(ValueError, match="The output folder is an empty string"):
         export(smollm2_path, "", weight_format="int8_asym")

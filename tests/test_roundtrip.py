@@ -28,7 +28,7 @@ def test_save_and_export_round_trips_are_bit_identical(smollm2_path, tmp_path, f
     assert reference.abs().max() > 1  # real logits, not an empty or zero tensor
     with pytest.raises(OutputExistsError, match="pass force=True"):
         model.save_low_bit(tmp_path / "saved")
-    for kept in (tmp_path / "saved", tmp_path, cache_root()):  # force replaces: not the model's folder or the cache
+    for kept in (tmp_path / "saved", tmp_path, cache_root(), cache_root() / "ov"):  # not the model's folder or cache
         with pytest.raises(OutputExistsError, match="force or not"):
             saved.save_low_bit(kept, force=True)
     if fmt != "fp32":

@@ -127,13 +127,29 @@ def atomic_folder(final: Path, overwrite: bool = False):
         raise
 
 
-def refuse_replacing(out: Path, kept: Path, what: str) -> None:
-    """Raise :class:`OutputExistsError` where the folder ``out`` is, or holds, ``kept`` (also through links):
-    replacing ``out``, as ``--force`` / ``force=True`` does, would delete ``kept``."""
+def refuse_replacing(out: Path, kept: Path, what: str, inside: bool = False) -> None:
+    """Raise :class:`OutputExistsError` where the folder ``out`` is, or holds, ``kept`` (also through links), or
+    with ``inside`` lies within it: replacing ``out``, as ``--force`` / ``force=True`` does, would delete ``kept``
+    or, inside it, part of it."""
     out, kept = Path(os.path.abspath(out)), Path(os.path.abspath(kept))
-    if out == kept or out in kept.parents or out.resolve() in (kept.resolve(), *kept.resolve().parents):
-        raise OutputExistsError(f"{out} is or holds {what} ({kept}); writing there would replace it, force or not. "
+    pairs = ((out, kept), (out.resolve(), kept.resolve()))
+    if any(o == k or o in k.parents or (inside and k in o.parents) for o, k in pairs):
+        place = "is, holds or lies inside" if inside else "is or holds"
+        raise OutputExistsError(f"{out} {place} {what} ({kept}); writing there would replace it, force or not. "
                                 "Choose another output folder.")
+
+
+def refuse_replacing_anything_kept(out: Path, *sources: Path) -> None:
+    """The folders an export or a save must not replace: xpuspec's cache (or a folder in it), each of ``sources``
+    (the model's own folder), and the current folder, which would be replaced under the user's shell.
+
+    Raises:
+        OutputExistsError: ``out`` is one of them or holds one of them (or lies inside the cache).
+    """
+    refuse_replacing(out, cache_root(), "xpuspec's cache", inside=True)
+    for source in sources:
+        refuse_replacing(out, source, "the model's own folder")
+    refuse_replacing(out, Path.cwd(), "the current folder")
 
 
 def file_sha256(path: Path) -> str:

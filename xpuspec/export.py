@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .cache import atomic_folder, cache_root, refuse_replacing, write_manifest
+from .cache import atomic_folder, refuse_replacing_anything_kept, write_manifest
 from .devices import backends
 from .errors import BackendUnavailableError, DeviceNotFoundError, OutputExistsError
 from .lowbit import LowBitConfig, decoder_in_channels
@@ -34,7 +34,8 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
 
     Raises:
         OutputExistsError: ``output`` is not empty and ``force`` is false (checked before any work), or ``output`` is,
-            or holds, the model's own folder or xpuspec's cache (refused even with ``force``).
+            or holds, the model's own folder, xpuspec's cache (or lies inside it) or the current folder (refused even
+            with ``force``; :func:`xpuspec.cache.refuse_replacing_anything_kept`).
         OSError: the temporary folder beside ``output`` cannot be created (made before any work).
         ValueError: ``output`` is an empty string.
         LowBitConfigError: an invalid format or parameter, or an NPU rule broken.
@@ -44,9 +45,10 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
     if not str(output).strip():
         raise ValueError("The output folder is an empty string; name the folder to write (\".\" for this one).")
     out = Path(os.path.abspath(Path(output).expanduser()))  # "." gets a name; a link stays a link
+    local = Path(str(model)).expanduser()
+    refuse_replacing_anything_kept(out, *([local] if local.is_dir() else []))  # before "pass --force" is suggested
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise OutputExistsError(f"{out} exists and is not empty; pass --force (force=True) to replace it.")
-    refuse_replacing(out, cache_root(), "xpuspec's cache")
     kind = device.lower().split(".")[0]
     if kind not in EXPORT_DEVICES:
         raise DeviceNotFoundError(f"Export targets OpenVINO devices {', '.join(EXPORT_DEVICES)} (or gpu.N), not {device!r}.")
@@ -58,7 +60,7 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
         raise BackendUnavailableError("No installed backend can export OpenVINO IR; install xpuspec with its openvino plugin.")
     with atomic_folder(out, overwrite=force) as tmp:  # first, so that an unwritable output fails before any work
         source = resolve_source(model)
-        refuse_replacing(out, source.path, "the model's own folder")
+        refuse_replacing_anything_kept(out, source.path)  # a built-in name or hub id has its folder now
         low_bit = low_bit.fitted(decoder_in_channels(source.config), device)
         exporters[0].export_ir(source, tmp, low_bit, device.lower())
         write_manifest(tmp)

@@ -123,6 +123,11 @@ GENERATE_ARGUMENTS_NOT_IMPLEMENTED = ("logits_processor", "stopping_criteria", "
                                       "synced_gpus", "negative_prompt_ids", "negative_prompt_attention_mask")
 
 
+def _has_effect(value) -> bool:
+    """A generate() argument's value that asks for something: not ``None``, ``False`` or an empty list."""
+    return not (value is None or value is False or (isinstance(value, (list, tuple)) and len(value) == 0))
+
+
 def resolve_generation_config(base: GenerationConfig, generation_config: Optional[GenerationConfig],
                               kwargs: dict) -> GenerationConfig:
     """Merge ``generation_config`` (or the model's ``base``) with keyword overrides, and validate.
@@ -148,7 +153,7 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
         unused = config.update(**kwargs)
     except ValueError as exc:  # transformers' own validation of a value
         raise GenerationConfigError(f"Invalid generation argument: {exc}") from exc
-    given = [name for name in GENERATE_ARGUMENTS_NOT_IMPLEMENTED if unused.get(name)]  # None, False, []: no effect
+    given = [name for name in GENERATE_ARGUMENTS_NOT_IMPLEMENTED if _has_effect(unused.get(name))]
     if given:
         raise NotImplementedError(f"xpuspec's generate() does not implement {', '.join(given)}; leave them out.")
     unused = {k: v for k, v in unused.items() if k not in GENERATE_ARGUMENTS_NOT_IMPLEMENTED}

@@ -10,7 +10,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .cache import METADATA_FILE, atomic_folder, cache_root, read_metadata, refuse_replacing
+from .cache import METADATA_FILE, atomic_folder, read_metadata, refuse_replacing_anything_kept
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .decode import decode
@@ -50,6 +50,7 @@ class XpuspecModelForCausalLM:
 
     def __init__(self, source: ModelSource, backend, device_name: str, runner, low_bit):
         self.source = source
+        self._source_folder = Path(os.path.abspath(source.path))  # as at load: save_low_bit must not replace it
         self.name_or_path = source.name
         self.config = source.config
         try:
@@ -90,8 +91,8 @@ class XpuspecModelForCausalLM:
         Raises:
             NotImplementedError: another device or a dtype; xpuspec places and formats a model when it loads it.
         """
-        here = {str(self.device), self.device_name.lower()}
-        for value in (*args, *kwargs.values()):
+        here = {str(self.device), self.device_name.lower(), f"{self.device.type}:{self.device.index or 0}"}
+        for value in (*args, *(v for k, v in kwargs.items() if k not in ("non_blocking", "copy"))):
             if not (isinstance(value, (str, torch.device)) and str(value).lower() in here):
                 raise NotImplementedError(
                     f"{type(self).__name__}.to({value!r}): xpuspec places a model when it loads it (it is on "
@@ -241,15 +242,14 @@ class XpuspecModelForCausalLM:
 
         Raises:
             OutputExistsError: ``save_directory`` exists and is not empty, and ``force`` is false; or it is, or holds,
-                the model's own folder or xpuspec's cache (refused even with ``force``).
+                the model's own folder, xpuspec's cache (or lies inside it) or the current folder (refused even with
+                ``force``).
             NotImplementedError: the model runs on the torch backend, which writes no IR (nothing is written).
         """
         out = Path(os.path.abspath(Path(save_directory).expanduser()))
+        refuse_replacing_anything_kept(out, self._source_folder)
         if out.exists() and any(out.iterdir()) and not force:
             raise OutputExistsError(f"{out} is not empty; pass force=True to replace it.")
-        refuse_replacing(out, cache_root(), "xpuspec's cache")
-        if Path(str(self.name_or_path)).expanduser().is_dir():
-            refuse_replacing(out, Path(str(self.name_or_path)).expanduser(), "the model's own folder")
         with atomic_folder(out, overwrite=True) as tmp:
             self.backend.save_low_bit(self.runner, tmp)
             meta = read_metadata(tmp)
@@ -355,8 +355,6 @@ class AutoModelForCausalLM:
         for name in stage_devices if low_bit is not None else ():
             low_bit.check_device(name)  # before any slow work
         if spec is not None and spec.uses_model:  # the draft's own settings too, before the target loads
-            if spec.draft:
-                resolve_source(spec.draft)
             draft_device_name = spec.resolved_draft_device or stage_devices[0]
             resolve_device(draft_device_name)
             draft_format = resolve_low_bit(spec.draft_low_bit)
@@ -364,6 +362,8 @@ class AutoModelForCausalLM:
                 draft_format.check_device(draft_device_name)
         source = resolve_source(pretrained_model_name_or_path)
         config = source.config  # a config transformers cannot read fails here, before a backend loads
+        if spec is not None and spec.draft:
+            resolve_source(spec.draft)  # a missing draft fails before the target compiles, after a missing target
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])

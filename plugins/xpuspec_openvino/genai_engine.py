@@ -65,14 +65,26 @@ class GenAIGreedy:
         else:
             config.ignore_eos = True
 
+        raised: List[BaseException] = []
+
         class Streamer(openvino_genai.StreamerBase):
+            """Hands each token to ``on_token``. An exception there (a user's streamer failing, Ctrl-C, whose
+            KeyboardInterrupt Python raises in this callback) must not cross into C++, where it aborted the
+            process: it cancels the generation and is raised again once the engine returns."""
+
             def write(self, token):
-                for t in token if isinstance(token, list) else [token]:
-                    on_token(int(t))
+                try:
+                    for t in token if isinstance(token, list) else [token]:
+                        on_token(int(t))
+                except BaseException as exc:  # noqa: B036 - re-raised below, after the C++ loop has stopped
+                    raised.append(exc)
+                    return openvino_genai.StreamingStatus.CANCEL
                 return openvino_genai.StreamingStatus.RUNNING
 
             def end(self):
                 pass
 
         result = self._pipe.generate(ov.Tensor(np.asarray([prompt], dtype=np.int64)), config, Streamer())
+        if raised:
+            raise raised[0]
         return [int(t) for t in result.tokens[0]]

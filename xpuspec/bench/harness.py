@@ -347,21 +347,23 @@ def main(args: argparse.Namespace) -> int:
         print(report.compare(a, b))
         return 0
     settings = BenchSettings(
-        model=args.model, draft=args.draft, low_bit=args.low_bit, draft_low_bit=args.draft_low_bit,
+        model=args.model, draft=args.draft, low_bit=args.low_bit.lower(), draft_low_bit=args.draft_low_bit.lower(),
         systems=parse_systems(args.systems, args.draft is not None), baseline=args.baseline, prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, interleave=args.interleave,
         kv_cache_precision=None if args.kv_cache_precision == "default" else args.kv_cache_precision,
         num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,
         draft_vocab_size=args.draft_vocab_size, draft_context_length=args.draft_context_length,
         bandwidth=None if args.bandwidth is None else args.bandwidth * 1e9)
-    for option, path in (("--json", args.json), ("--plot", args.plot)):  # before the run, not after it
-        if path and not Path(path).expanduser().resolve().parent.is_dir():
-            raise ValueError(f"{option} {path}: its folder does not exist; create it or choose another path.")
+    json_path, plot_path = (None if p is None else Path(p).expanduser() for p in (args.json, args.plot))
+    for option, path in (("--json", json_path), ("--plot", plot_path)):  # before the run, not after it
+        if path is not None and (path.is_dir() or not path.resolve().parent.is_dir()):
+            raise ValueError(f"{option} {path}: a folder, or in a folder that does not exist; name a file in an "
+                             "existing folder.")
     result = run(settings, progress=not args.no_progress, command=" ".join(["xpuspec"] + sys.argv[1:]))
     report.validate(result)
     print(report.markdown(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.plot:
-        report.plot(result, args.plot)
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=1))
+    if plot_path is not None:
+        report.plot(result, plot_path)
     return 0
