@@ -43,7 +43,7 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
         ModelSourceError: the model cannot be found.
     """
     if not str(output).strip():
-        raise ValueError("The output folder is an empty string; name the folder to write (\".\" for this one).")
+        raise ValueError("The output folder is an empty string; name the folder to write.")
     out = Path(os.path.abspath(Path(output).expanduser()))  # "." gets a name; a link stays a link
     local = Path(str(model)).expanduser()
     refuse_replacing_anything_kept(out, *([local] if local.is_dir() else []))  # before "pass --force" is suggested
