@@ -65,4 +65,3 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
         exporters[0].export_ir(source, tmp, low_bit, device.lower())
         write_manifest(tmp)
     return out
-
