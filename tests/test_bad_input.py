@@ -32,6 +32,8 @@ IDS = torch.tensor([[1, 1604, 3987, 46477, 24, 94, 727]])  # "def fibonacci(n):"
     (dict(input_ids=IDS, max_new_tokens=-5), GenerationConfigError, "max_new_tokens must be at least 1, got -5"),
     (dict(input_ids=IDS, do_sample=True, temperature=0.0), GenerationConfigError,
      "needs temperature > 0, got 0.0. For greedy decoding pass do_sample=False"),
+    (dict(input_ids=IDS, do_sample=True, temperature="hot"), GenerationConfigError, "temperature must be a number, got 'hot'"),
+    (dict(input_ids=IDS, top_p="0.9"), GenerationConfigError, "top_p must be a number"),
     (dict(input_ids=torch.ones((1, 8192), dtype=torch.long)), PromptTooLongError,
      r"8192 tokens but the model's context is 8192 \(and one token must fit after it\); shorten the prompt"),
 ])

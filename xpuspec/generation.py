@@ -118,6 +118,9 @@ class GenerationStats:
         return line
 
 
+#: GenerationConfig fields that must be numbers where set.
+SAMPLING_NUMBERS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
 #: transformers.generate() arguments outside GenerationConfig that xpuspec does not implement.
 GENERATE_ARGUMENTS_NOT_IMPLEMENTED = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
                                       "synced_gpus", "negative_prompt_ids", "negative_prompt_attention_mask")
@@ -136,8 +139,9 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
         TypeError: a keyword is not a generation argument, ``max_new_tokens`` not an integer.
         NotImplementedError: beams, several return sequences, a field in :data:`UNSUPPORTED_FIELDS`, or an argument
             in :data:`GENERATE_ARGUMENTS_NOT_IMPLEMENTED`.
-        GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``, or another
-            value transformers' ``GenerationConfig`` or its logits processors refuse (``top_k=-1``).
+        GenerationConfigError: ``max_new_tokens < 1``, ``do_sample`` with ``temperature <= 0``, a field of
+            :data:`SAMPLING_NUMBERS` that is not a number, or another value transformers' ``GenerationConfig`` or its
+            logits processors refuse (``top_k=-1``).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else base)
     wanted = kwargs.get("max_new_tokens")
@@ -159,6 +163,10 @@ def resolve_generation_config(base: GenerationConfig, generation_config: Optiona
     unused = {k: v for k, v in unused.items() if k not in GENERATE_ARGUMENTS_NOT_IMPLEMENTED}
     if unused:
         raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(sorted(unused))}.")
+    for name in SAMPLING_NUMBERS:  # a string here fails deep in transformers' processors, or in a comparison below
+        value = getattr(config, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise GenerationConfigError(f"{name} must be a number, got {value!r}.")
     defaults = GenerationConfig()
     changed = [f for f in UNSUPPORTED_FIELDS
                if getattr(config, f, None) != getattr(defaults, f, None) and getattr(config, f, None) not in _OFF]
