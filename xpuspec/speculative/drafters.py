@@ -105,8 +105,10 @@ class Drafter(ABC):
 
     def mixed_width_runners(self, target: Runner) -> List[Runner]:
         """The runners whose passes alternate between 1-token steps and wider passes when this drafter drafts
-        for ``target``, to be told so before decoding (:meth:`Runner.expect_mixed_widths`); default: none."""
-        return []
+        for ``target``, to be told so before decoding (:meth:`Runner.expect_mixed_widths`). Default: :meth:`runners`,
+        whose drafting steps fall between the passes that catch up on accepted tokens; the target verifies a draft
+        model's rounds at one padded width (``plugins/xpuspec_openvino/paged.py``)."""
+        return self.runners()
 
     def runners(self) -> List[Runner]:
         """The runners this drafter computes with (its draft model's); default: none."""
@@ -202,9 +204,6 @@ class ModelDrafter(Drafter):
 
     def extended_tokens(self) -> int:
         return self.extended
-
-    def mixed_width_runners(self, target):
-        return [self.runner]  # drafting steps between the passes that catch up on accepted tokens
 
     def runners(self):
         return [self.runner]
@@ -328,10 +327,6 @@ class HybridDrafter(Drafter):
 
     def costless_part(self) -> Drafter:
         return self.fallback
-
-    def mixed_width_runners(self, target):
-        # the target verifies the model's rounds at one padded width (plugins/xpuspec_openvino/paged.py)
-        return self.model.mixed_width_runners(target)
 
     def runners(self):
         return self.model.runners()

@@ -91,9 +91,6 @@ class OverlappedDrafter(Drafter):
         self.model.reset()
         self._init_state([])
 
-    def mixed_width_runners(self, target):
-        return self.model.mixed_width_runners(target)
-
     def runners(self):
         return self.model.runners()
 
