@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .cache import atomic_folder, refuse_replacing_anything_kept, write_manifest
+from .cache import atomic_folder, refuse_replacing, refuse_replacing_anything_kept, write_manifest
 from .devices import backends
 from .errors import BackendUnavailableError, DeviceNotFoundError, OutputExistsError
 from .lowbit import LowBitConfig, decoder_in_channels
@@ -60,7 +60,7 @@ def export(model, output, weight_format: str = "int4_asym", group_size: Optional
         raise BackendUnavailableError("No installed backend can export OpenVINO IR; install xpuspec with its openvino plugin.")
     with atomic_folder(out, overwrite=force) as tmp:  # first, so that an unwritable output fails before any work
         source = resolve_source(model)
-        refuse_replacing_anything_kept(out, source.path)  # a built-in name or hub id has its folder now
+        refuse_replacing(out, source.path, "the model's own folder")  # a built-in name or hub id has its folder now
         low_bit = low_bit.fitted(decoder_in_channels(source.config), device)
         exporters[0].export_ir(source, tmp, low_bit, device.lower())
         write_manifest(tmp)

@@ -200,9 +200,10 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
 def _refuse_mode_typo(name: str) -> None:
     """A draft name that is no folder but spells a mode another way (``"layer-skip"``, ``"Prompt_Lookup"``)."""
     spelled = name.lower().replace("-", "_").replace(" ", "_")
-    if spelled == "draft" and not os.path.isdir(os.path.expanduser(name)):
+    if spelled not in MODES or os.path.isdir(os.path.expanduser(name)):
+        return
+    if spelled == "draft":
         raise SpeculativeConfigError(f"speculative={name!r}: a draft model drafts when speculative= names it (its path "
                                      "or built-in name), or with SpeculativeConfig(mode='draft', draft=...).")
-    if spelled in MODES and not os.path.isdir(os.path.expanduser(name)):
-        raise SpeculativeConfigError(f"speculative={name!r} is neither a mode nor a draft model folder; did you mean "
-                                     f"{spelled!r}? Modes: {', '.join(m for m in MODES if m != 'draft')}.")
+    raise SpeculativeConfigError(f"speculative={name!r} is neither a mode nor a draft model folder; did you mean "
+                                 f"{spelled!r}? Modes: {', '.join(m for m in MODES if m != 'draft')}.")
