@@ -40,22 +40,23 @@ TIMED_PASSES = 1
 _WIDTH_S = weakref.WeakKeyDictionary()
 
 
-def measure_widths(target, token: int, max_width: int) -> Dict[int, float]:
+def measure_widths(target, token: int, max_width: int, fresh: bool = False) -> Dict[int, float]:
     """Seconds of one forward pass of each width 1..``max_width`` on ``target`` (a Runner) at its
     current context, remembered for the target's next requests (widths measured before are not
-    measured again). Every pass is rolled back, so the KV cache ends as it began.
+    measured again, unless ``fresh``). Every pass is rolled back, so the KV cache ends as it began.
 
     Args:
         target: the target Runner, after its prefill.
         token: the token id fed ``w`` times (its logits are not used).
         max_width: the widest pass to time (>= 1).
+        fresh: time every width again at this context (:mod:`xpuspec.bench.bound` times each prompt's).
 
     Returns:
         ``{width: seconds}`` for every width 1..max_width.
     """
     known = _WIDTH_S.setdefault(target, {})
     for width in range(1, max_width + 1):
-        if width in known:
+        if width in known and not fresh:
             continue
         times = []
         for _ in range(1 + TIMED_PASSES):

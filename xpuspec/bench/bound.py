@@ -1,0 +1,328 @@
+"""How fast can any draft schedule make a target/draft pair on this machine? Upper bounds from measurements.
+
+A speed target stated against another tool's speculative pipeline (1.5x openvino_genai's on the
+Qwen2.5-Coder 1.5B target with its 0.5B draft) may lie beyond what any schedule of drafts can reach on
+a given machine. This module measures, per prompt, what decides every schedule's speed:
+
+- the target's greedy output, ``N`` new tokens;
+- the draft's teacher-forced top-1 prediction, and its probability, at each position of that output (one
+  pass over prompt and output): greedy verification accepts a chain of drafts exactly as long as its tokens
+  equal these predictions. Two views: xpuspec's draft (the last ``draft_context_length`` tokens of the
+  prompt, its cut LM head) and openvino_genai's (the whole prompt, the whole head);
+- prompt lookup's continuation after every prefix of the output (a hybrid's: 3-grams, first occurrence);
+- seconds of a target pass of each width 1..``MAX_WIDTH``, of a draft step and of the draft's prefill, per view.
+
+It then replays the decode loop's rounds on these traces (:func:`simulate`) for fixed draft schedules
+(constant k, the hybrid's lookup first; drafts stopped below a confidence threshold), for openvino_genai's
+(constant k=3, no lookup), for the best of those schedules chosen per prompt with hindsight, and for an
+oracle that knows in advance how many drafts each round would have accepted (:func:`oracle`; no
+schedule can beat it). The costs are measured, not modelled; what the replay leaves out (Python, the
+draft's catch-up beyond one step per lookup round, rejected drafts' lookup extensions) makes it optimistic.
+
+    python -m xpuspec.bench.bound --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \\
+        --prompts code:2,prose:2,edit:2 --max-new-tokens 32
+"""
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Sequence, Tuple
+
+#: Widest target pass timed (a draft of MAX_WIDTH - 1 tokens).
+MAX_WIDTH = 12
+#: The longest prompt-lookup continuation (xpuspec's ``prompt_lookup_num_tokens`` default).
+LOOKUP_TOKENS = 10
+#: A hybrid's n-gram size (its lookup matches only its longest, 3).
+LOOKUP_NGRAM = 3
+#: openvino_genai's draft length in the bench (``genai-spec``: its sample's ``num_assistant_tokens``).
+GENAI_K = 3
+#: Draft steps timed per view after one untimed one; the median counts.
+TIMED_STEPS = 8
+
+
+@dataclass
+class View:
+    """The draft as one tool runs it, along the target's output.
+
+    Attributes:
+        pred: the draft's top-1 token at each of the ``N`` positions, given the target's output before it.
+        prob: its probability there (softmax of the draft's logits), floats in [0, 1].
+        step_s: seconds of one draft step (a 1-token pass), median.
+        prefill_s: seconds of the draft's prefill of the prompt as this tool feeds it.
+    """
+
+    pred: List[int]
+    prob: List[float]
+    step_s: float
+    prefill_s: float
+
+
+@dataclass
+class Trace:
+    """One prompt's measurements (see the module docstring).
+
+    Attributes:
+        prompt_set: the bench prompt set (``code``, ``prose``, ``edit``).
+        prompt_tokens: prompt length in tokens.
+        target: the target's ``N`` greedy new tokens.
+        lookup: ``lookup[i]``: prompt lookup's continuation after the prompt and ``target[:i]``, i = 0..N.
+        verify_s: ``verify_s[w - 1]``: seconds of a ``w``-token target pass, w = 1..MAX_WIDTH.
+        views: ``{"xpuspec": View, "genai": View}``.
+    """
+
+    prompt_set: str
+    prompt_tokens: int
+    target: List[int]
+    lookup: List[List[int]]
+    verify_s: List[float]
+    views: Dict[str, View]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A draft schedule to replay: at most ``k`` drafts a round, stopped before a draft whose probability is
+    under ``threshold`` (transformers' ``assistant_confidence_threshold``; 0: off; the first draft is always
+    made), prompt lookup first where an n-gram matches and ending a draft chain where its drafts make one
+    (``lookup``, the hybrid), on the draft as ``view`` runs it."""
+
+    name: str
+    k: int
+    threshold: float = 0.0
+    lookup: bool = True
+    view: str = "xpuspec"
+
+
+def _matched(found: Sequence[int], target: Sequence[int], at: int) -> int:
+    """How many of ``found`` equal the target's tokens from ``at`` on."""
+    n = 0
+    while n < len(found) and at + n < len(target) and found[n] == target[at + n]:
+        n += 1
+    return n
+
+
+def simulate(trace: Trace, policy: Policy) -> Tuple[int, float, int]:
+    """Replay greedy speculative decoding of the trace's output under ``policy``, from the first new token on.
+
+    Each round: a lookup round (when ``policy.lookup`` and a continuation exists) verifies it and costs one
+    draft step for the draft to catch up; else the draft makes up to ``k`` drafts at one step each (a step
+    per considered position: the one whose probability stops the chain is paid too), ending early where its
+    accepted-so-far drafts let prompt lookup continue; then one target pass of drafts + 1 tokens. Accepted:
+    the drafts up to the first that differs from the target's output, and the target's own token after them.
+
+    Returns:
+        ``(tokens, seconds, target passes)``: ``N - 1`` decode tokens; seconds including the draft's prefill.
+    """
+    target, n = trace.target, len(trace.target)
+    view = trace.views[policy.view]
+    right_at = [p == t for p, t in zip(view.pred, target)]
+    seconds, passes, i = view.prefill_s, 0, 1
+    while i < n:
+        passes += 1
+        room = n - i - 1  # drafts this round may hold
+        found = trace.lookup[i][:room] if policy.lookup else []
+        if found:
+            seconds += trace.verify_s[len(found)] + view.step_s
+            i += _matched(found, target, i) + 1
+            continue
+        drafts = accepted = 0
+        right = True
+        while drafts < min(policy.k, room):
+            seconds += view.step_s
+            if drafts and view.prob[i + drafts] < policy.threshold:
+                break
+            right = right and right_at[i + drafts]
+            drafts += 1
+            accepted += right
+            found = trace.lookup[i + drafts][:min(policy.k, room) - drafts] if policy.lookup and right else []
+            if found:
+                accepted += _matched(found, target, i + drafts)
+                drafts += len(found)
+                break
+        seconds += trace.verify_s[drafts]
+        i += accepted + 1
+    return n - 1, seconds, passes
+
+
+def oracle(trace: Trace, view: str = "xpuspec") -> Tuple[int, float]:
+    """The fastest any schedule of the draft model and prompt lookup can decode the trace: each round knows
+    how many drafts the target will accept and drafts exactly those (a model chain, possibly ended by
+    lookup's matched tokens, or a lookup round cut to its match), or makes a plain step. Dynamic programming
+    over the tokens produced so far.
+
+    Returns:
+        ``(tokens, seconds)`` with the draft's prefill included.
+    """
+    target, n, v = trace.target, len(trace.target), trace.views[view]
+    run = [0] * (n + 1)  # run[i]: consecutive positions from i where the draft's prediction is right
+    for j in range(n - 1, -1, -1):
+        run[j] = run[j + 1] + 1 if v.pred[j] == target[j] else 0
+
+    def looked_up(at: int, most: int) -> int:
+        return _matched(trace.lookup[at][:most], target, at)
+
+    @functools.lru_cache(maxsize=None)
+    def best(i: int) -> float:
+        if i >= n:
+            return 0.0
+        room = min(n - i - 1, MAX_WIDTH - 1)
+        options = [trace.verify_s[0] + best(i + 1)]
+        q = looked_up(i, room)
+        if q:
+            options.append(trace.verify_s[q] + v.step_s + best(i + q + 1))
+        for d in range(1, min(run[i], room) + 1):
+            options.append(d * v.step_s + trace.verify_s[d] + best(i + d + 1))
+            q = looked_up(i + d, room - d)
+            if q:
+                options.append(d * v.step_s + trace.verify_s[d + q] + best(i + d + q + 1))
+        return min(options)
+
+    return n - 1, v.prefill_s + best(1)
+
+
+def policies() -> List[Policy]:
+    """The schedules replayed: xpuspec's hybrid at constant k = 1..MAX_WIDTH-4 and confidence-stopped at
+    thresholds 0.5, 0.7, 0.9 (k up to 8), and openvino_genai's (first)."""
+    out = [Policy("openvino_genai: k=3, no lookup", GENAI_K, lookup=False, view="genai")]
+    out += [Policy(f"hybrid, k={k}", k) for k in range(1, MAX_WIDTH - 3)]
+    out += [Policy(f"hybrid, k<=8, threshold {t}", 8, threshold=t) for t in (0.5, 0.7, 0.9)]
+    return out
+
+
+def summarize(traces: Sequence[Trace]) -> List[dict]:
+    """Decode tokens/s per prompt set and overall (sum of tokens over sum of seconds, as the bench) of each
+    policy, of plain decoding, of the best hybrid policy per prompt in hindsight and of the oracle, with the
+    ratio to openvino_genai's schedule.
+
+    Returns:
+        one dict per row: ``schedule`` (str), ``tokens_per_s`` (``{set name: float, "all": float}``), ``vs_genai``.
+    """
+    rows = {p.name: [simulate(t, p)[:2] for t in traces] for p in policies()}
+    xpuspec = [name for name in rows if name.startswith("hybrid")]
+    rows["plain decoding (xpuspec's 1-token steps)"] = [(len(t.target) - 1, (len(t.target) - 1) * t.verify_s[0])
+                                                        for t in traces]
+    rows["best hybrid schedule per prompt (hindsight)"] = [
+        min((rows[name][i] for name in xpuspec), key=lambda r: r[1]) for i in range(len(traces))]
+    rows["oracle (knows each round's accepted drafts)"] = [oracle(t) for t in traces]
+    out = []
+    for name, results in rows.items():
+        sums: Dict[str, List[float]] = {}
+        for trace, (tokens, seconds) in zip(traces, results):
+            for key in (trace.prompt_set, "all"):
+                acc = sums.setdefault(key, [0, 0.0])
+                acc[0] += tokens
+                acc[1] += seconds
+        out.append({"schedule": name, "tokens_per_s": {k: v[0] / v[1] for k, v in sums.items()}})
+    base = out[0]["tokens_per_s"]["all"]
+    for row in out:
+        row["vs_genai"] = row["tokens_per_s"]["all"] / base
+    return out
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """The rows of :func:`summarize` as a markdown table."""
+    sets = [k for k in rows[0]["tokens_per_s"] if k != "all"]
+    lines = ["| schedule | " + " | ".join(sets) + " | all | vs openvino_genai's schedule |",
+             "|---|" + "---|" * (len(sets) + 2)]
+    for row in rows:
+        tps = row["tokens_per_s"]
+        lines.append(f"| {row['schedule']} | " + " | ".join(f"{tps[s]:.1f}" for s in sets)
+                     + f" | {tps['all']:.1f} | {row['vs_genai']:.2f}x |")
+    return "\n".join(lines)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _view(runner, prompt: List[int], output: List[int], context_length: int) -> View:
+    """Predictions and costs of a draft ``runner`` that sees the last ``context_length`` prompt tokens (0: all)."""
+    import torch
+
+    seen = prompt[-context_length:] if context_length else prompt
+    runner.reset()
+    rows = runner.forward(seen + output[:-1])[len(seen) - 1:]  # row j scores output[j]
+    prob, pred = torch.softmax(rows, dim=-1).max(dim=-1)
+    runner.reset()
+    prefill_s = _timed(lambda: runner.forward(seen, logits_to_keep=1))
+    steps = [_timed(lambda: runner.forward([token])) for token in output[:1 + TIMED_STEPS]]
+    runner.reset()
+    return View(pred.tolist(), prob.tolist(), statistics.median(steps[1:]), prefill_s)
+
+
+def measure(model, genai_draft, prompt_set: str, prompt: List[int], new_tokens: int) -> Trace:
+    """The :class:`Trace` of one prompt.
+
+    Args:
+        model: an xpuspec model loaded with ``speculative="hybrid"`` and its draft (its target and draft
+            runners are timed).
+        genai_draft: the draft model's runner with the whole LM head (openvino_genai's draft).
+        prompt_set: the prompt's set name.
+        prompt: prompt token ids.
+        new_tokens: ``N``.
+    """
+    import torch
+
+    from ..speculative.drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, PromptLookupDrafter
+    from ..speculative.widths import measure_widths
+
+    out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, speculative=False)
+    output = out[0, len(prompt):].tolist()
+    lookup = PromptLookupDrafter(LOOKUP_NGRAM, LOOKUP_NGRAM)
+    continuations = [lookup.lookup(prompt + output[:i], LOOKUP_TOKENS) for i in range(len(output) + 1)]
+    target = model.runner
+    target.reset()
+    target.forward(prompt, logits_to_keep=1)
+    verify = measure_widths(target, prompt[-1], MAX_WIDTH, fresh=True)
+    target.reset()
+    length = model.speculative_config.draft_context_length
+    views = {"xpuspec": _view(model.draft_model.runner, prompt, output,
+                              DEFAULT_DRAFT_CONTEXT_LENGTH if length is None else length),
+             "genai": _view(genai_draft, prompt, output, 0)}
+    return Trace(prompt_set, len(prompt), output, continuations, [verify[w] for w in range(1, MAX_WIDTH + 1)], views)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xpuspec.bench.bound", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="target: built-in name or folder")
+    parser.add_argument("--draft", required=True, help="draft model: built-in name or folder")
+    parser.add_argument("--low-bit", default="int8_asym", help="target weight format (the bench's default)")
+    parser.add_argument("--draft-low-bit", default="int4_sym", help="draft weight format (the bench's default)")
+    parser.add_argument("--prompts", default="code:2,prose:2,edit:2", help="bench prompt sets, as xpuspec bench")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--json", help="write the traces and the table here")
+    args = parser.parse_args(argv)
+
+    from .. import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
+    from .prompts import parse_prompt_spec, select
+
+    chosen = select(parse_prompt_spec(args.prompts))
+    ov_config = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}  # the bench's exact setting
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, load_in_low_bit=args.low_bit, ov_config=ov_config,
+        speculative=SpeculativeConfig(mode="hybrid", draft=args.draft, draft_low_bit=args.draft_low_bit))
+    genai_draft = AutoModelForCausalLM.from_pretrained(args.draft, load_in_low_bit=args.draft_low_bit,
+                                                       ov_config=ov_config).runner
+    genai_draft.single_step_width = 1  # drafting, as openvino_genai's draft: 1-token steps
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    traces = []
+    for prompt_set, texts in chosen.items():
+        for text in texts:
+            traces.append(measure(model, genai_draft, prompt_set, tokenizer(text).input_ids, args.max_new_tokens))
+            print(f"measured {prompt_set} prompt of {traces[-1].prompt_tokens} tokens", file=sys.stderr)
+    rows = summarize(traces)
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "table": rows, "traces": [asdict(t) for t in traces]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
