@@ -93,3 +93,15 @@ def test_replay_makes_the_real_loops_target_passes(smollm2_path, tokenizer):
         ran.append(real.last_generate_stats.target_forwards - 1)  # less the prefill
     assert all(abs(a - b) <= 1 for a, b in zip(replayed, ran)), (replayed, ran)
     assert sum(replayed) >= 4 * 8  # 31 decode tokens at most 4 a pass: the drafts were not all free
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-new-tokens", "1"], "--max-new-tokens must be at least 2"),
+    (["--prompts", "poems"], "Unknown prompt set 'poems'"),
+    (["--json", "/no/such/folder/bound.json"], "a folder that does not exist"),
+])
+def test_bound_cli_refuses_bad_input_before_loading(args, message, capsys):
+    from xpuspec.cli import main
+
+    assert main(["bound", "--model", "no-such-model", "--draft", "no-such-draft", *args]) == 2  # no model looked up
+    assert message in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""The ``xpuspec`` command: devices, pull, generate, export, eval, bench, doctor. A thin layer over the Python API.
+"""The ``xpuspec`` command: devices, pull, generate, export, eval, bench, bound, doctor. A thin layer over the
+Python API.
 
 Every heavy import happens inside ``main``, so a Ctrl-C at any point past start-up exits with 130
 and one line, no traceback.
@@ -260,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "(options from a file: xpuspec bench @benchmarks/smollm2.args)")
     bench_arguments(p)
     p.set_defaults(run=bench_main)
+
+    from .bench.bound import add_arguments as bound_arguments, run as bound_main
+
+    p = sub.add_parser("bound", help="what any draft schedule could reach for a target/draft pair on this machine "
+                                     "(measured costs and acceptance, replayed)")
+    bound_arguments(p)
+    p.set_defaults(run=bound_main)
     return parser
 
 

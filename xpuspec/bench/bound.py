@@ -19,7 +19,7 @@ oracle that knows in advance how many drafts each round would have accepted (:fu
 schedule can beat it). The costs are measured, not modelled; what the replay leaves out (Python, the
 draft's catch-up beyond one step per lookup round, rejected drafts' lookup extensions) makes it optimistic.
 
-    python -m xpuspec.bench.bound --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \\
+    xpuspec bound --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \\
         --prompts code:2,prose:2,edit:2 --max-new-tokens 32
 """
 
@@ -288,21 +288,37 @@ def measure(model, genai_draft, prompt_set: str, prompt: List[int], new_tokens: 
     return Trace(prompt_set, len(prompt), output, continuations, [verify[w] for w in range(1, MAX_WIDTH + 1)], views)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m xpuspec.bench.bound", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="target: built-in name or folder")
-    parser.add_argument("--draft", required=True, help="draft model: built-in name or folder")
-    parser.add_argument("--low-bit", default="int8_asym", help="target weight format (the bench's default)")
-    parser.add_argument("--draft-low-bit", default="int4_sym", help="draft weight format (the bench's default)")
-    parser.add_argument("--prompts", default="code:2,prose:2,edit:2", help="bench prompt sets, as xpuspec bench")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--json", help="write the traces and the table here")
-    args = parser.parse_args(argv)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``xpuspec bound``."""
+    from ..lowbit import FORMATS
 
+    p.add_argument("--model", required=True, help="target: built-in name or folder")
+    p.add_argument("--draft", required=True, help="draft model: built-in name or folder (the target's tokenizer)")
+    p.add_argument("--low-bit", default="int8_asym", type=str.lower, choices=FORMATS,
+                   help="target weight format (default int8_asym, as xpuspec bench)")
+    p.add_argument("--draft-low-bit", default="int4_sym", type=str.lower, choices=FORMATS,
+                   help="draft weight format (default int4_sym, as xpuspec bench)")
+    p.add_argument("--prompts", default="code:2,prose:2,edit:2", help="bench prompt sets, as xpuspec bench's --prompts")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per prompt, at least 2 (default 32)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the table and the measured traces as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``xpuspec bound`` from parsed arguments: measure every prompt, print the table, write JSON if asked.
+
+    Raises:
+        ValueError: ``--max-new-tokens`` under 2, a bad ``--prompts``, or a ``--json`` path in no folder (before any
+            model loads); the loaders' errors for a model that does not load or a draft that does not fit it.
+    """
     from .. import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
+    from .harness import check_output_file
     from .prompts import parse_prompt_spec, select
 
+    if args.max_new_tokens < 2:
+        raise ValueError(f"--max-new-tokens must be at least 2 (the first token is not decoded), got "
+                         f"{args.max_new_tokens}.")
     chosen = select(parse_prompt_spec(args.prompts))
+    json_path = check_output_file("--json", args.json)
     ov_config = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}  # the bench's exact setting
     model = AutoModelForCausalLM.from_pretrained(
         args.model, load_in_low_bit=args.low_bit, ov_config=ov_config,
@@ -315,14 +331,11 @@ def main(argv=None) -> int:
     for prompt_set, texts in chosen.items():
         for text in texts:
             traces.append(measure(model, genai_draft, prompt_set, tokenizer(text).input_ids, args.max_new_tokens))
-            print(f"measured {prompt_set} prompt of {traces[-1].prompt_tokens} tokens", file=sys.stderr)
+            print(f"measured a {prompt_set} prompt of {traces[-1].prompt_tokens} tokens", file=sys.stderr)
     rows = summarize(traces)
     print(markdown(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "table": rows, "traces": [asdict(t) for t in traces]}, f, indent=1)
+    if json_path is not None:
+        settings = {k: v for k, v in vars(args).items() if k != "run"}
+        json_path.write_text(json.dumps({"settings": settings, "table": rows, "traces": [asdict(t) for t in traces]},
+                                        indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

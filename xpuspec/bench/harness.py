@@ -338,6 +338,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def check_output_file(option: str, path: Optional[str]) -> Optional[Path]:
+    """``path`` (given as ``option``) expanded, or ``None``; checked before a run, so that a bad path does not
+    throw the run away at its end.
+
+    Raises:
+        ValueError: the path is a folder, or lies in a folder that does not exist.
+    """
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    if path.is_dir() or not path.resolve().parent.is_dir():
+        raise ValueError(f"{option} {path}: a folder, or in a folder that does not exist; name a file in an "
+                         "existing folder.")
+    return path
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``xpuspec bench`` from parsed arguments: print the table, write JSON and plot if asked."""
     from . import report
@@ -354,11 +370,7 @@ def main(args: argparse.Namespace) -> int:
         num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,
         draft_vocab_size=args.draft_vocab_size, draft_context_length=args.draft_context_length,
         bandwidth=None if args.bandwidth is None else args.bandwidth * 1e9)
-    json_path, plot_path = (None if p is None else Path(p).expanduser() for p in (args.json, args.plot))
-    for option, path in (("--json", json_path), ("--plot", plot_path)):  # before the run, not after it
-        if path is not None and (path.is_dir() or not path.resolve().parent.is_dir()):
-            raise ValueError(f"{option} {path}: a folder, or in a folder that does not exist; name a file in an "
-                             "existing folder.")
+    json_path, plot_path = check_output_file("--json", args.json), check_output_file("--plot", args.plot)
     result = run(settings, progress=not args.no_progress, command=" ".join(["xpuspec"] + sys.argv[1:]))
     report.validate(result)
     print(report.markdown(result))
