@@ -147,8 +147,8 @@ def simulate(trace: Trace, policy: Policy) -> Tuple[int, float, int]:
     return n - 1, seconds, passes
 
 
-def oracle(trace: Trace, view: str = "xpuspec") -> Tuple[int, float]:
-    """The fastest any schedule of the draft model and prompt lookup can decode the trace: each round knows
+def oracle(trace: Trace) -> Tuple[int, float]:
+    """The fastest any schedule of xpuspec's draft model and prompt lookup can decode the trace: each round knows
     how many drafts the target will accept and drafts exactly those (a model chain, possibly ended by
     lookup's matched tokens, or a lookup round cut to its match), or makes a plain step. Dynamic programming
     over the tokens produced so far.
@@ -156,7 +156,7 @@ def oracle(trace: Trace, view: str = "xpuspec") -> Tuple[int, float]:
     Returns:
         ``(tokens, seconds)`` with the draft's prefill included.
     """
-    target, n, v = trace.target, len(trace.target), trace.views[view]
+    target, n, v = trace.target, len(trace.target), trace.views["xpuspec"]
     run = [0] * (n + 1)  # run[i]: consecutive positions from i where the draft's prediction is right
     for j in range(n - 1, -1, -1):
         run[j] = run[j + 1] + 1 if v.pred[j] == target[j] else 0
