@@ -6,8 +6,8 @@ a given machine. This module measures, per prompt, what decides every schedule's
 
 - the target's greedy output, ``N`` new tokens;
 - the draft's teacher-forced top-1 prediction, and its probability, at each position of that output (one
-  pass over prompt and output): greedy verification accepts a chain of drafts exactly as long as its tokens
-  equal these predictions. Two views: xpuspec's draft (the last ``draft_context_length`` tokens of the
+  pass over prompt and output): greedy verification accepts a chain of drafts as long as its tokens equal
+  these predictions. Two views: xpuspec's draft (the last ``draft_context_length`` tokens of the
   prompt, its cut LM head) and openvino_genai's (the whole prompt, the whole head);
 - prompt lookup's continuation after every prefix of the output (a hybrid's: 3-grams, first occurrence);
 - seconds of a target pass of each width 1..``MAX_WIDTH``, of a draft step and of the draft's prefill, per view.
@@ -16,8 +16,13 @@ It then replays the decode loop's rounds on these traces (:func:`simulate`) for 
 (constant k, the hybrid's lookup first; drafts stopped below a confidence threshold), for openvino_genai's
 (constant k=3, no lookup), for the best of those schedules chosen per prompt with hindsight, and for an
 oracle that knows in advance how many drafts each round would have accepted (:func:`oracle`; no
-schedule can beat it). The costs are measured, not modelled; what the replay leaves out (Python, the
-draft's catch-up beyond one step per lookup round, rejected drafts' lookup extensions) makes it optimistic.
+replayed schedule can beat it). The costs are measured, not modelled. What the replay leaves out makes it
+optimistic for xpuspec's schedules: Python, the padding of verify passes to the widest of the request
+(``Runner.fixed_verify_width``), a draft catching up on several tokens at the price of one step, lookup tokens
+appended to a chain that was already wrong. It also leaves out the free guesses xpuspec puts in 1-token steps
+on CPUs with dynamic quantization, which make its plain decoding faster than the plain row here, and 2-gram
+lookup. The teacher-forced predictions equal the draft's own steps' up to near-ties (one wide pass and single
+steps compute differently under dynamic quantization).
 
     xpuspec bound --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \\
         --prompts code:2,prose:2,edit:2 --max-new-tokens 32
@@ -104,30 +109,43 @@ def _matched(found: Sequence[int], target: Sequence[int], at: int) -> int:
     return n
 
 
+def pass_costs(trace: Trace) -> List[float]:
+    """Seconds of a target pass of each width 1..MAX_WIDTH (index w - 1), made non-decreasing: a narrower pass
+    costs at most what a wider one does, since it can be padded to it (as the decode loop pads), so that one
+    noisy timing does not make a wider round look cheaper than a narrower one."""
+    costs = list(trace.verify_s)
+    for w in range(len(costs) - 2, -1, -1):
+        costs[w] = min(costs[w], costs[w + 1])
+    return costs
+
+
 def simulate(trace: Trace, policy: Policy) -> Tuple[int, float, int]:
     """Replay greedy speculative decoding of the trace's output under ``policy``, from the first new token on.
 
-    Each round: a lookup round (when ``policy.lookup`` and a continuation exists) verifies it and costs one
-    draft step for the draft to catch up; else the draft makes up to ``k`` drafts at one step each (a step
-    per considered position: the one whose probability stops the chain is paid too), ending early where its
-    accepted-so-far drafts let prompt lookup continue; then one target pass of drafts + 1 tokens. Accepted:
-    the drafts up to the first that differs from the target's output, and the target's own token after them.
+    Each round: a lookup round (when ``policy.lookup`` and a continuation exists) is one target pass (the draft
+    catches up on its tokens in the first step of its next round, which is charged there); else the draft
+    makes up to ``k`` drafts at one step each (a step per considered position: the one whose probability stops
+    the chain is paid too), ending early where its accepted-so-far drafts let prompt lookup continue; then one
+    target pass of drafts + 1 tokens (:func:`pass_costs`). The draft's prefill is paid before its first round.
+    Accepted: the drafts up to the first that differs from the target's output, and the target's own token.
 
     Returns:
-        ``(tokens, seconds, target passes)``: ``N - 1`` decode tokens; seconds including the draft's prefill.
+        ``(tokens, seconds, target passes)``: ``N - 1`` decode tokens, the seconds they take, the passes.
     """
     target, n = trace.target, len(trace.target)
-    view = trace.views[policy.view]
+    view, cost = trace.views[policy.view], pass_costs(trace)
     right_at = [p == t for p, t in zip(view.pred, target)]
-    seconds, passes, i = view.prefill_s, 0, 1
+    seconds, passes, i, started = 0.0, 0, 1, False
     while i < n:
         passes += 1
         room = n - i - 1  # drafts this round may hold
         found = trace.lookup[i][:room] if policy.lookup else []
         if found:
-            seconds += trace.verify_s[len(found)] + view.step_s
+            seconds += cost[len(found)]
             i += _matched(found, target, i) + 1
             continue
+        seconds += 0.0 if started or room == 0 else view.prefill_s
+        started = started or room > 0
         drafts = accepted = 0
         right = True
         while drafts < min(policy.k, room):
@@ -142,45 +160,41 @@ def simulate(trace: Trace, policy: Policy) -> Tuple[int, float, int]:
                 accepted += _matched(found, target, i + drafts)
                 drafts += len(found)
                 break
-        seconds += trace.verify_s[drafts]
+        seconds += cost[drafts]
         i += accepted + 1
     return n - 1, seconds, passes
 
 
 def oracle(trace: Trace) -> Tuple[int, float]:
-    """The fastest any schedule of xpuspec's draft model and prompt lookup can decode the trace: each round knows
-    how many drafts the target will accept and drafts exactly those (a model chain, possibly ended by
-    lookup's matched tokens, or a lookup round cut to its match), or makes a plain step. Dynamic programming
-    over the tokens produced so far.
+    """The fastest the replayed schedules (xpuspec's draft model, 3-gram prompt lookup, plain steps without
+    guesses) could decode the trace, each round knowing how many drafts the target will accept: a plain step,
+    a lookup round cut to any part of its matched tokens, or a model chain of drafts that will all be accepted,
+    possibly ended by any part of lookup's matched continuation; the draft's prefill paid before its first
+    chain. Dynamic programming over the tokens produced so far and whether the draft has prefilled; with
+    :func:`pass_costs`, no :class:`Policy` replayed by :func:`simulate` is faster.
 
     Returns:
-        ``(tokens, seconds)`` with the draft's prefill included.
+        ``(tokens, seconds)``: ``N - 1`` decode tokens and the least seconds they take.
     """
-    target, n, v = trace.target, len(trace.target), trace.views["xpuspec"]
+    target, n, v, cost = trace.target, len(trace.target), trace.views["xpuspec"], pass_costs(trace)
     run = [0] * (n + 1)  # run[i]: consecutive positions from i where the draft's prediction is right
     for j in range(n - 1, -1, -1):
         run[j] = run[j + 1] + 1 if v.pred[j] == target[j] else 0
-
-    def looked_up(at: int, most: int) -> int:
-        return _matched(trace.lookup[at][:most], target, at)
-
-    @functools.lru_cache(maxsize=None)
-    def best(i: int) -> float:
-        if i >= n:
-            return 0.0
+    best = [[0.0, 0.0] for _ in range(n + 1)]  # best[i][started]: least seconds from i tokens to the end
+    for i in range(n - 1, 0, -1):
         room = min(n - i - 1, MAX_WIDTH - 1)
-        options = [trace.verify_s[0] + best(i + 1)]
-        q = looked_up(i, room)
-        if q:
-            options.append(trace.verify_s[q] + v.step_s + best(i + q + 1))
-        for d in range(1, min(run[i], room) + 1):
-            options.append(d * v.step_s + trace.verify_s[d] + best(i + d + 1))
-            q = looked_up(i + d, room - d)
-            if q:
-                options.append(d * v.step_s + trace.verify_s[d + q] + best(i + d + q + 1))
-        return min(options)
-
-    return n - 1, v.prefill_s + best(1)
+        for started in (0, 1):
+            options = [cost[0] + best[i + 1][started]]
+            matched = _matched(trace.lookup[i][:room], target, i)
+            options += [cost[c] + best[i + c + 1][started] for c in range(1, matched + 1)]
+            prefill = 0.0 if started else v.prefill_s
+            for d in range(1, min(run[i], room) + 1):
+                chain = prefill + d * v.step_s
+                options.append(chain + cost[d] + best[i + d + 1][1])
+                matched = _matched(trace.lookup[i + d][:room - d], target, i + d)
+                options += [chain + cost[d + c] + best[i + d + c + 1][1] for c in range(1, matched + 1)]
+            best[i][started] = min(options)
+    return n - 1, best[1][0]
 
 
 def policies() -> List[Policy]:
@@ -202,8 +216,8 @@ def summarize(traces: Sequence[Trace]) -> List[dict]:
     """
     rows = {p.name: [simulate(t, p)[:2] for t in traces] for p in policies()}
     xpuspec = [name for name in rows if name.startswith("hybrid")]
-    rows["plain decoding (xpuspec's 1-token steps)"] = [(len(t.target) - 1, (len(t.target) - 1) * t.verify_s[0])
-                                                        for t in traces]
+    rows["plain decoding (1-token steps, no guesses)"] = [(len(t.target) - 1, (len(t.target) - 1) * pass_costs(t)[0])
+                                                          for t in traces]
     rows["best hybrid schedule per prompt (hindsight)"] = [
         min((rows[name][i] for name in xpuspec), key=lambda r: r[1]) for i in range(len(traces))]
     rows["oracle (knows each round's accepted drafts)"] = [oracle(t) for t in traces]
@@ -246,7 +260,7 @@ def _view(runner, prompt: List[int], output: List[int], context_length: int) -> 
 
     seen = prompt[-context_length:] if context_length else prompt
     runner.reset()
-    rows = runner.forward(seen + output[:-1])[len(seen) - 1:]  # row j scores output[j]
+    rows = runner.forward(seen + output[:-1], logits_to_keep=len(output))  # row j scores output[j]
     prob, pred = torch.softmax(rows, dim=-1).max(dim=-1)
     runner.reset()
     prefill_s = _timed(lambda: runner.forward(seen, logits_to_keep=1))
@@ -311,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
             model loads); the loaders' errors for a model that does not load or a draft that does not fit it.
     """
     from .. import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
+    from ..errors import ModelSourceError
     from .harness import check_output_file
     from .prompts import parse_prompt_spec, select
 
@@ -320,19 +335,25 @@ def run(args: argparse.Namespace) -> int:
     chosen = select(parse_prompt_spec(args.prompts))
     json_path = check_output_file("--json", args.json)
     ov_config = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}  # the bench's exact setting
+    try:  # the draft first: it is the smaller, and a wrong name is found before the target loads
+        genai_draft = AutoModelForCausalLM.from_pretrained(args.draft, load_in_low_bit=args.draft_low_bit,
+                                                           ov_config=ov_config).runner
+    except ModelSourceError as exc:
+        raise ModelSourceError(f"--draft: {exc}") from None
+    genai_draft.single_step_width = 1  # drafting, as openvino_genai's draft: 1-token steps
     model = AutoModelForCausalLM.from_pretrained(
         args.model, load_in_low_bit=args.low_bit, ov_config=ov_config,
         speculative=SpeculativeConfig(mode="hybrid", draft=args.draft, draft_low_bit=args.draft_low_bit))
-    genai_draft = AutoModelForCausalLM.from_pretrained(args.draft, load_in_low_bit=args.draft_low_bit,
-                                                       ov_config=ov_config).runner
-    genai_draft.single_step_width = 1  # drafting, as openvino_genai's draft: 1-token steps
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    items = [(name, text) for name, texts in chosen.items() for text in texts]
     traces = []
-    for prompt_set, texts in chosen.items():
-        for text in texts:
-            traces.append(measure(model, genai_draft, prompt_set, tokenizer(text).input_ids, args.max_new_tokens))
-            print(f"measured a {prompt_set} prompt of {traces[-1].prompt_tokens} tokens", file=sys.stderr)
+    for number, (prompt_set, text) in enumerate(items, 1):
+        traces.append(measure(model, genai_draft, prompt_set, tokenizer(text).input_ids, args.max_new_tokens))
+        print(f"measured prompt {number}/{len(items)} ({prompt_set}, {traces[-1].prompt_tokens} tokens)",
+              file=sys.stderr)
     rows = summarize(traces)
+    print(f"Decode tokens/s replayed from measured costs and acceptance ({len(traces)} prompts x {args.max_new_tokens} "
+          "new tokens; not a timed run, see `xpuspec/bench/bound.py`):\n")
     print(markdown(rows))
     if json_path is not None:
         settings = {k: v for k, v in vars(args).items() if k != "run"}

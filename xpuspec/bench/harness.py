@@ -343,7 +343,7 @@ def check_output_file(option: str, path: Optional[str]) -> Optional[Path]:
     throw the run away at its end.
 
     Raises:
-        ValueError: the path is a folder, or lies in a folder that does not exist.
+        ValueError: the path is a folder, or lies in a folder that does not exist or cannot be written.
     """
     if path is None:
         return None
@@ -351,6 +351,8 @@ def check_output_file(option: str, path: Optional[str]) -> Optional[Path]:
     if path.is_dir() or not path.resolve().parent.is_dir():
         raise ValueError(f"{option} {path}: a folder, or in a folder that does not exist; name a file in an "
                          "existing folder.")
+    if not os.access(path.resolve().parent, os.W_OK):
+        raise ValueError(f"{option} {path}: its folder cannot be written; name a file in a folder you can write.")
     return path
 
 
