@@ -282,7 +282,7 @@ def measure(model, genai_draft, prompt_set: str, prompt: List[int], new_tokens: 
     """
     import torch
 
-    from ..speculative.drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, PromptLookupDrafter
+    from ..speculative.drafters import PromptLookupDrafter
     from ..speculative.widths import measure_widths
 
     out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
@@ -295,9 +295,7 @@ def measure(model, genai_draft, prompt_set: str, prompt: List[int], new_tokens: 
     target.forward(prompt, logits_to_keep=1)
     verify = measure_widths(target, prompt[-1], MAX_WIDTH, fresh=True)
     target.reset()
-    length = model.speculative_config.draft_context_length
-    views = {"xpuspec": _view(model.draft_model.runner, prompt, output,
-                              DEFAULT_DRAFT_CONTEXT_LENGTH if length is None else length),
+    views = {"xpuspec": _view(model.draft_model.runner, prompt, output, model.speculative_config.draft_context),
              "genai": _view(genai_draft, prompt, output, 0)}
     return Trace(prompt_set, len(prompt), output, continuations, [verify[w] for w in range(1, MAX_WIDTH + 1)], views)
 
@@ -328,13 +326,14 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import ModelSourceError
     from .harness import check_output_file
     from .prompts import parse_prompt_spec, select
+    from .systems import DEFAULT_KV_CACHE_PRECISION, xpuspec_ov_config
 
     if args.max_new_tokens < 2:
         raise ValueError(f"--max-new-tokens must be at least 2 (the first token is not decoded), got "
                          f"{args.max_new_tokens}.")
     chosen = select(parse_prompt_spec(args.prompts))
     json_path = check_output_file("--json", args.json)
-    ov_config = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}  # the bench's exact setting
+    ov_config = xpuspec_ov_config(DEFAULT_KV_CACHE_PRECISION)  # as xpuspec bench runs xpuspec
     try:  # the draft first: it is the smaller, and a wrong name is found before the target loads
         genai_draft = AutoModelForCausalLM.from_pretrained(args.draft, load_in_low_bit=args.draft_low_bit,
                                                            ov_config=ov_config).runner

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 from ..lowbit import FORMATS
 from . import prompts as prompt_sets
-from .systems import REFERENCE, SYSTEMS, Setup, parse_systems
+from .systems import DEFAULT_KV_CACHE_PRECISION, REFERENCE, SYSTEMS, Setup, parse_systems
 from .worker import Worker
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -71,7 +71,7 @@ class BenchSettings:
     max_new_tokens: int = 64
     repeats: int = 3
     interleave: str = "prompt"
-    kv_cache_precision: Optional[str] = "f32"
+    kv_cache_precision: Optional[str] = DEFAULT_KV_CACHE_PRECISION
     num_assistant_tokens: Optional[int] = None
     cost_model: bool = True
     draft_vocab_size: Optional[int] = None
@@ -317,7 +317,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--interleave", default="prompt", choices=INTERLEAVE,
                    help="prompt: all systems loaded, A B C per prompt (default); repeat: one system loaded at a time")
-    p.add_argument("--kv-cache-precision", default="f32", choices=("f32", "f16", "u8", "default"),
+    p.add_argument("--kv-cache-precision", default=DEFAULT_KV_CACHE_PRECISION,
+                   choices=("f32", "f16", "u8", "default"),
                    help="OpenVINO CPU KV cache precision for every OpenVINO system (default f32: exact; "
                         "'default' leaves each tool's own)")
     p.add_argument("--num-assistant-tokens", type=int, default=None,

@@ -24,6 +24,8 @@ from ..speculative.audit import top2_margins
 DEFAULT_K = {"hf-lookup": 10, "genai-spec": 3, "genai-lookup": 5}
 #: n-gram size openvino_genai's prompt lookup matches (its sample's value).
 GENAI_MAX_NGRAM = 3
+#: KV-cache precision of every OpenVINO system unless ``--kv-cache-precision`` says otherwise: exact comparisons.
+DEFAULT_KV_CACHE_PRECISION = "f32"
 
 
 @dataclass(frozen=True)
@@ -56,21 +58,32 @@ class Setup:
     draft_hf_path: Optional[str] = None
     draft_ir: Optional[str] = None
     draft_low_bit: str = "int4_sym"
-    kv_cache_precision: Optional[str] = "f32"
+    kv_cache_precision: Optional[str] = DEFAULT_KV_CACHE_PRECISION
     num_assistant_tokens: Optional[int] = None
     cost_model: bool = True
     draft_vocab_size: Optional[int] = None
     draft_context_length: Optional[int] = None
 
     def ov_properties(self) -> Dict[str, str]:
-        """OpenVINO compile properties given to every OpenVINO system alike: a chosen KV-cache precision
-        comes with f32 inference (the CPU plugin's default is bf16 on CPUs with AVX512-BF16 or AMX, where
-        paged attention refuses an f32 cache and turns an f16 one into bf16)."""
-        props = {"PERFORMANCE_HINT": "LATENCY"}
-        if self.kv_cache_precision:
-            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
-            props["INFERENCE_PRECISION_HINT"] = "f32"
-        return props
+        """OpenVINO compile properties given to every OpenVINO system alike (:func:`ov_properties`)."""
+        return ov_properties(self.kv_cache_precision)
+
+
+def ov_properties(kv_cache_precision: Optional[str]) -> Dict[str, str]:
+    """OpenVINO compile properties of the bench's OpenVINO systems: a chosen KV-cache precision (``None``: the
+    plugin's default) comes with f32 inference (the CPU plugin's default is bf16 on CPUs with AVX512-BF16 or
+    AMX, where paged attention refuses an f32 cache and turns an f16 one into bf16)."""
+    props = {"PERFORMANCE_HINT": "LATENCY"}
+    if kv_cache_precision:
+        props["KV_CACHE_PRECISION"] = kv_cache_precision
+        props["INFERENCE_PRECISION_HINT"] = "f32"
+    return props
+
+
+def xpuspec_ov_config(kv_cache_precision: Optional[str]) -> Dict[str, str]:
+    """:func:`ov_properties` as xpuspec takes them (``ov_config=``): without the performance hint, since
+    xpuspec sets its own latency settings."""
+    return {k: v for k, v in ov_properties(kv_cache_precision).items() if k != "PERFORMANCE_HINT"}
 
 
 @dataclass
@@ -340,7 +353,7 @@ class XpuspecSystem(System):
         overlap = kind == "xpuspec-overlap"
         if kind in ("xpuspec-overlap", "xpuspec-pp2"):  # only these need the second device (and unpinned threads)
             os.environ["XPUSPEC_CPU_ALIASES"] = self.SECOND_CPU
-        ov_config = {k: v for k, v in self.setup.ov_properties().items() if k != "PERFORMANCE_HINT"}
+        ov_config = xpuspec_ov_config(self.setup.kv_cache_precision)
         if overlap:
             ov_config["INFERENCE_NUM_THREADS"] = 1
         spec = None

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 from ..decode import DraftSchedule
 from ..errors import SpeculativeConfigError
-from .drafters import DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter, check_count
+from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter, check_count
 
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
 #: Draft format of self-speculation: a low-bit copy of the target.
@@ -154,6 +154,11 @@ class SpeculativeConfig:
         if self.num_assistant_tokens is not None:
             return self.num_assistant_tokens
         return DEFAULT_LOOKUP_TOKENS if self.mode == "prompt_lookup" else DEFAULT_ASSISTANT_TOKENS
+
+    @property
+    def draft_context(self) -> int:
+        """``draft_context_length``, or its default (0: the whole context)."""
+        return DEFAULT_DRAFT_CONTEXT_LENGTH if self.draft_context_length is None else self.draft_context_length
 
     def shortest_ngram(self, hybrid: bool) -> int:
         """``min_matching_ngram_size``, or its default for prompt lookup alone (``hybrid=False``; also a hybrid's

@@ -111,9 +111,8 @@ def _model_drafter(target, draft, spec):
     by default, when the draft runs on a device that none of the target's stages uses."""
     if draft.runner is not target.runner:  # a draft's 1-token passes need not compute as its wider ones
         draft.runner.single_step_width = 1
-    length = None if spec is None else spec.draft_context_length
     model = ModelDrafter(draft.runner, target.runner.vocab_size,
-                         DEFAULT_DRAFT_CONTEXT_LENGTH if length is None else length)
+                         DEFAULT_DRAFT_CONTEXT_LENGTH if spec is None else spec.draft_context)
     overlap = spec.overlap if spec is not None else None
     if overlap is None:
         overlap = set(draft.runner.device.split(",")).isdisjoint(target.runner.device.split(","))
