@@ -15,6 +15,16 @@ PROMPTS = [
 MODEL = "smollm2-135m-instruct"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``matrix`` (long exactness sweeps) run only when ``-m`` names them."""
+    if "matrix" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="a long sweep: run it with -m matrix")
+    for item in items:
+        if "matrix" in item.keywords:
+            item.add_marker(skip)
+
+
 def default_sigint():
     """``preexec_fn`` for a child that must die on SIGINT: one started from a non-interactive
     shell inherits an ignored SIGINT, so restore the default."""
@@ -65,3 +75,27 @@ def ov_int8(smollm2_path):
     from xpuspec import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run thousands of microsecond-sized ops: spinning thread pools only slow them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A tiny random target that drafts with another tiny model (k=2, constant, cost model off), on torch."""
+    from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+    from tiny import tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    draft_path = tiny_model(root / "draft", seed=2)
+    spec = SpeculativeConfig(mode="draft", draft=str(draft_path), num_assistant_tokens=2,
+                             num_assistant_tokens_schedule="constant", cost_model=False)
+    target = AutoModelForCausalLM.from_pretrained(tiny_model(root / "target", seed=1), device="cpu", backend="torch",
+                                                  speculative=spec)
+    return target, target.draft_model

@@ -242,8 +242,9 @@ def test_a_streamer_that_raises_inside_the_native_engine_raises_in_python(smollm
     script = """
 import torch
 from xpuspec import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained("smollm2-135m-instruct", device="cpu", load_in_low_bit="int8_asym",
-                                             ov_config={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+model = AutoModelForCausalLM.from_pretrained("smollm2-135m-instruct", device="cpu", load_in_low_bit="int8_asym")
+from xpuspec.runner import RunnerTraits
+model.runner.traits = RunnerTraits(fixed_verify_width=True)  # steps one token at a time: openvino_genai's engine decodes
 class Failing:
     calls = 0
     def put(self, value):
@@ -258,8 +259,18 @@ try:
 except RuntimeError as exc:
     print("raised:", exc)
 out = model.generate(input_ids=ids, max_new_tokens=4)
-print("again:", tuple(out.shape), model.last_generate_stats.extra.get("engine"))
+print("again:", tuple(out.shape), model.last_generate_stats.engine)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "raised: streamer failed" in done.stdout and "again: (1, 11) native" in done.stdout, done.stdout
+
+
+def test_an_xpuspec_model_as_a_transformers_assistant_is_refused_clearly(tmp_path):
+    import transformers
+
+    folder = tiny_model(tmp_path / "m", seed=1)
+    target = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    ours = AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="torch")
+    with pytest.raises(TypeError, match="cannot be the assistant_model of a transformers model.*xpuspec too"):
+        target.generate(torch.tensor([[1, 4, 5]]), assistant_model=ours, max_new_tokens=4, do_sample=False)

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from conftest import MODEL, PROMPTS
-from xpuspec.bench.bound import (MAX_WIDTH, Policy, Trace, View, measure, oracle, pass_costs, policies, simulate,
-                                  summarize)
-from xpuspec.speculative.drafters import PromptLookupDrafter
+from xpuspec.bench.bound import (MAX_WIDTH, Policy, Trace, View, lookup_continuations, measure, oracle, pass_costs,
+                                  policies, simulate, summarize)
 
 
 def make_trace(target, pred, prob=None, lookup=None, verify=1.0, step=0.1, prefill=0.0):
@@ -74,8 +73,7 @@ def random_trace(rng):
     prompt = [rng.randrange(2) for _ in range(rng.randint(3, 12))]
     target = [rng.randrange(2) for _ in range(n)]
     pred = [t if rng.random() < 0.7 else 9 for t in target]
-    lookup = PromptLookupDrafter(3, 3)
-    continuations = [lookup.lookup(prompt + target[:i], 10) for i in range(n + 1)]
+    continuations = lookup_continuations(prompt, target, 3, 10)
     trace = make_trace(target, pred, prob=[rng.random() for _ in range(n)], lookup=continuations,
                        step=rng.uniform(0.05, 0.5), prefill=rng.uniform(0.0, 2.0))
     trace.verify_s = [rng.uniform(0.3, 1.5) for _ in range(MAX_WIDTH)]

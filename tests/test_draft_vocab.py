@@ -47,10 +47,10 @@ def test_greedy_speculation_with_a_cut_draft_is_identical(smollm2_path, tokenize
     proposed = []
     propose = ModelDrafter.propose
 
-    def recording(self, *args, **kwargs):
-        tokens, probs = propose(self, *args, **kwargs)
-        proposed.extend(tokens)
-        return tokens, probs
+    def recording(self, widths):
+        draft = propose(self, widths)
+        proposed.extend(draft.tokens)
+        return draft
 
     monkeypatch.setattr(ModelDrafter, "propose", recording)
     results = [audit(target, tokenizer(p, return_tensors="pt").input_ids, max_new_tokens=64) for p in PROMPTS_8]

@@ -33,22 +33,31 @@ def test_export_folder_contents(exported):
 
 
 def test_genai_and_xpuspec_give_the_same_greedy_text(exported):
+    """openvino_genai on the exported folder gives xpuspec's greedy tokens, or parts from them only at a tie:
+    xpuspec may run its steps 2 tokens wide where a 1-token pass computes otherwise (float rounding,
+    plugins/xpuspec_openvino/numerics.py), openvino_genai steps one token at a time."""
+    import openvino as ov
     import openvino_genai
 
     from xpuspec import AutoTokenizer
+    from xpuspec.speculative.audit import TIE, VIOLATION, classify, top2_margins
 
-    # one computation for both: xpuspec's CPU settings, without dynamic quantization (whose 1-token kernel,
-    # openvino_genai's decode step, differs from the wider one xpuspec then steps with)
     model = AutoModelForCausalLM.from_pretrained(exported, device="cpu",
                                                  ov_config={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
     assert model.low_bit.format == "int8_asym"
     pipe = openvino_genai.LLMPipeline(str(exported), "CPU", **model.runner.configs[0])
     tokenizer = AutoTokenizer.from_pretrained(exported)
+    statuses = []
     for prompt in PROMPTS:
         theirs = pipe.generate(prompt, max_new_tokens=32, do_sample=False, apply_chat_template=False)
         ids = tokenizer(prompt, return_tensors="pt")
-        out = model.generate(**ids, max_new_tokens=32, do_sample=False)
-        assert tokenizer.decode(out[0, ids.input_ids.shape[1]:], skip_special_tokens=True) == theirs, prompt
+        out = model.generate(**ids, max_new_tokens=32, do_sample=False, return_dict_in_generate=True,
+                             output_scores=True)
+        ours = out.sequences[0, ids.input_ids.shape[1]:].tolist()
+        if tokenizer.decode(ours, skip_special_tokens=True) != theirs:  # genai's own tokenizer, then its tokens
+            encoded = pipe.generate(ov.Tensor(ids.input_ids.numpy()), max_new_tokens=32, do_sample=False)
+            statuses.append(classify(ours, top2_margins(out.scores), list(encoded.tokens[0]))[0])
+    assert VIOLATION not in statuses and statuses.count(TIE) <= 1, statuses
 
 
 def test_non_empty_target_is_refused_and_untouched(exported):

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from xpuspec import AutoModelForCausalLM, SpeculativeConfig
-from xpuspec.speculative.drafters import ModelDrafter
+from xpuspec.speculative.drafters import DraftRequest, ModelDrafter
 from xpuspec.speculative.overlap import OverlappedDrafter
+from xpuspec.speculative.policy import Widths
 
 from conftest import MODEL, PROMPTS
 
@@ -24,7 +25,7 @@ class CountingDraft(ModelDrafter):
     def __init__(self, fail_on=None):
         self.vocab_size, self.fail_on, self.calls, self.context_length = VOCAB, fail_on, 0, 0
 
-    def reset(self):
+    def begin(self, request):
         pass
 
     def next_logits(self, context):
@@ -40,45 +41,48 @@ def _score(prefix, logits):
     return logits
 
 
+def _begun(drafter, context):
+    drafter.begin(DraftRequest(context, _score, False))
+    return drafter
+
+
 def test_worker_keeps_confirmed_drafts_and_restarts_after_a_mismatch():
-    drafter = OverlappedDrafter(CountingDraft(), max_ahead=4)
-    drafter.start([1, 2], _score, sample=False)
+    context = [1, 2]
+    drafter = _begun(OverlappedDrafter(CountingDraft(), max_ahead=4), context)
     try:
-        tokens, probs = drafter.propose([1, 2], 3, _score, sample=False)
-        assert tokens[0] == 3 and tokens == [3, 4, 5][:len(tokens)] and probs is None
+        draft = drafter.propose(Widths(3, 0))
+        assert draft.tokens[0] == 3 and draft.tokens == [3, 4, 5][:len(draft.tokens)] and draft.probs is None
         # the target accepted 3 and 4 and chose 5 itself: the draft is on track, its next token is 6
-        tokens, _ = drafter.propose([1, 2, 3, 4, 5], 2, _score, sample=False)
-        assert tokens[0] == 6
+        context += [3, 4, 5]
+        assert drafter.propose(Widths(2, 0)).tokens[0] == 6
         # the target rejected at once and chose 9: everything drafted ahead is dropped
-        tokens, _ = drafter.propose([1, 2, 3, 4, 5, 9], 2, _score, sample=False)
-        assert tokens[0] == 10
+        context.append(9)
+        assert drafter.propose(Widths(2, 0)).tokens[0] == 10
     finally:
-        drafter.stop()
+        drafter.end()
     assert not any(t.name == "xpuspec-draft" for t in threading.enumerate())
 
 
 def test_worker_stops_at_max_ahead():
     draft = CountingDraft()
-    drafter = OverlappedDrafter(draft, max_ahead=3)
-    drafter.start([0], _score, sample=False)
-    drafter.propose([0], 1, _score, sample=False)
+    drafter = _begun(OverlappedDrafter(draft, max_ahead=3), [0])
+    drafter.propose(Widths(1, 0))
     for _ in range(100):
         if len(drafter._ahead) >= 3:
             break
         threading.Event().wait(0.01)
     calls = draft.calls
     threading.Event().wait(0.1)
-    drafter.stop()
+    drafter.end()
     assert draft.calls == calls == 3
 
 
 def test_worker_failure_reaches_the_decode_loop():
-    drafter = OverlappedDrafter(CountingDraft(fail_on=2))
-    drafter.start([1, 2], _score, sample=False)
+    drafter = _begun(OverlappedDrafter(CountingDraft(fail_on=2)), [1, 2])
     with pytest.raises(RuntimeError, match="draft worker failed") as info:
-        drafter.propose([1, 2], 2, _score, sample=False)
+        drafter.propose(Widths(2, 0))
     assert isinstance(info.value.__cause__, ValueError)
-    drafter.stop()
+    drafter.end()
 
 
 @pytest.fixture(scope="module")

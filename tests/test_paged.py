@@ -7,6 +7,7 @@ import torch
 
 from xpuspec import AutoModelForCausalLM, SpeculativeConfig
 from xpuspec.errors import GenerationConfigError, PipelineConfigError, PromptTooLongError
+from xpuspec.runner import RunnerTraits
 
 from conftest import MODEL, PROMPTS
 
@@ -21,12 +22,9 @@ def paged(ov_int8):
 
 @pytest.fixture(scope="module")
 def exact_paged(smollm2_path):
-    """Paged, without dynamic quantization: one kernel for every pass width on every CPU (see paged.py), so
-    it steps one token at a time and openvino_genai's engine decodes for it."""
-    runner = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
-                                                  ov_config={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}).runner
-    assert runner.single_step_width == 1
-    return runner
+    """Paged, without dynamic quantization (as the stateful model runs)."""
+    return AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                                ov_config={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}).runner
 
 
 def test_paged_logits_match_the_stateful_model(smollm2_path, tokenizer, exact_paged):
@@ -58,7 +56,7 @@ def test_single_steps_compute_as_a_wide_pass_does(paged, tokenizer):
     steps = torch.cat([paged.forward([t]) for t in ids[-16:]])
     assert paged.length == len(ids)
     assert float((wide - steps).abs().max()) < 1e-3
-    assert (paged.native_greedy(ids, 2, 0, [], lambda t: None) is None) == (paged.single_step_width == 2)
+    assert (paged.native_greedy(ids, 2, 0, [], lambda t: None) is None) == (paged.traits.single_step_width == 2)
     paged.reset()
 
 
@@ -86,9 +84,11 @@ def test_cache_growth_and_rollback_equal_a_fresh_forward(ov_int8, tokenizer):
     assert runner.forward(ids[:5], logits_to_keep=1).shape == (1, runner.vocab_size)
 
 
-def test_native_engine_gives_the_loops_tokens(exact_paged, tokenizer):
-    """openvino_genai's PA engine and xpuspec's loop over the same paged model: the same 48 tokens."""
+def test_native_engine_gives_the_loops_tokens(exact_paged, tokenizer, monkeypatch):
+    """openvino_genai's PA engine and xpuspec's loop stepping one token at a time over the same paged model: the
+    same 48 tokens (the engine steps one token at a time, so it decodes only for a runner that does)."""
     paged = exact_paged
+    monkeypatch.setattr(paged, "traits", RunnerTraits(fixed_verify_width=True))
     for prompt in PROMPTS[:2]:
         ids = tokenizer(prompt).input_ids
         native = paged.native_greedy(ids, 48, 0, [], lambda t: None)  # EOS neither stops nor is masked

@@ -54,3 +54,25 @@ def test_torch_backend_refuses_nncf_formats(tiny_torch, fmt):
     with pytest.raises(LowBitConfigError, match=f"runs fp32 and fp16 only, not {fmt}.*backend='openvino'"):
         AutoModelForCausalLM.from_pretrained(tiny_torch.source.path, device="cpu", backend="torch",
                                              load_in_low_bit=fmt)
+
+
+def test_a_saved_model_speculates_with_a_draft_built_from_its_origin(smollm2_path, tmp_path, tokenizer):
+    """load_low_bit(..., speculative="self"): the int4 self-draft is compressed from the model the folder was saved
+    from (a saved IR cannot be compressed again); output identical to plain greedy. A saved model whose origin is
+    gone gets an error naming the way out, before anything loads."""
+    import json
+
+    from xpuspec import SpeculativeConfigError
+    from xpuspec.cache import METADATA_FILE
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym")
+    saved = model.save_low_bit(tmp_path / "saved")
+    spec = AutoModelForCausalLM.load_low_bit(saved, device="cpu", speculative="self")
+    assert spec.draft_model.low_bit.format == "int4_sym" and spec.low_bit.format == "int8_asym"
+    ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
+    plain = spec.generate(ids, max_new_tokens=24, do_sample=False, speculative=False)
+    assert torch.equal(spec.generate(ids, max_new_tokens=24, do_sample=False, num_assistant_tokens=3), plain)
+    meta = json.loads((saved / METADATA_FILE).read_text())
+    (saved / METADATA_FILE).write_text(json.dumps({**meta, "source": str(tmp_path / "gone")}))
+    with pytest.raises(SpeculativeConfigError, match="speculative='prompt_lookup' or a separate draft model"):
+        AutoModelForCausalLM.from_pretrained(saved, device="cpu", speculative="self")

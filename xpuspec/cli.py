@@ -54,7 +54,7 @@ def _generate(args) -> int:
         load_in_low_bit=None if args.low_bit == "none" else args.low_bit,
         speculative=speculative, pipeline_parallel_stages=args.pipeline_parallel_stages, split=args.split,
     )
-    if model.runner.lockstep and args.do_sample:
+    if model.runner.traits.lockstep and args.do_sample:
         from .distributed import same_seed
 
         same_seed()

@@ -8,7 +8,7 @@ rules as ``transformers.generate``.
 import copy
 import numbers
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 from transformers import GenerationConfig
@@ -24,7 +24,7 @@ from transformers.generation import (
 )
 
 from .errors import GenerationConfigError
-from .speculative.costmodel import AcceptanceCounts
+from .speculative.policy import AcceptanceCounts
 
 
 #: GenerationConfig fields xpuspec does not implement; setting one away from its default raises.
@@ -33,7 +33,7 @@ UNSUPPORTED_FIELDS = (
     "length_penalty", "num_beam_groups", "diversity_penalty", "typical_p", "epsilon_cutoff",
     "eta_cutoff", "min_p", "penalty_alpha", "guidance_scale", "sequence_bias", "suppress_tokens",
     "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
-    "exponential_decay_length_penalty", "watermarking_config", "stop_strings", "constraints",
+    "exponential_decay_length_penalty", "watermarking_config", "constraints",
     "output_attentions", "output_hidden_states", "prompt_lookup_num_tokens",
 )
 
@@ -54,31 +54,47 @@ class GenerationStats:
         ttft_s: seconds from the call to the first new token (prefill included).
         decode_s: seconds from the first to the last new token.
         decode_tokens_per_s: ``(new_tokens - 1) / decode_s`` (0 when fewer than 2 new tokens).
+        setup_s: seconds spent preparing speculation in this call, counted in ``decode_s`` or before the first
+            token: a second compiled copy of a model for 1-token steps, the target's cost profile (once per model).
         target_forwards: forward passes of the target, prefill included.
-        drafted_tokens, accepted_tokens: speculative decoding counts (0 for plain decoding).
+        drafted_tokens, accepted_tokens: draft tokens verified and accepted (0 for plain decoding); a draft accepted
+            past the end of the output (EOS, a stop string, the length limit) does not count.
+        guessed_tokens, guesses_accepted: free guesses in the slot of a plain step that the target runs 2 tokens
+            wide (:class:`xpuspec.runner.RunnerTraits`), and those accepted (counted apart from drafts).
         draft_s, verify_s: seconds spent drafting (waiting for drafts, when overlapped) and in target
             forwards after prefill.
         prefill_s: seconds of the target's prefill forward.
         draft_busy_s: seconds the draft model computed; with overlapped speculation in its own
             thread, beside the target (equal to ``draft_s`` when drafting is sequential).
-        acceptance_counts: per draft position (index 0: the first draft of a round), the rounds that
-            judged a draft there and the rounds that accepted it (:class:`.speculative.costmodel.AcceptanceCounts`);
-            where a hybrid dropped its draft model, those of its rounds before; ``None`` for plain decoding.
+        acceptance_counts: per draft position (index 0: the first draft of a round), the rounds that judged a
+            draft there and the rounds that accepted it; ``None`` for plain decoding.
+        engine: what decoded: ``"xpuspec"`` (this loop), ``"native"`` (the backend's own engine) or
+            ``"native after speculation"`` (the loop, then the backend's engine once the draft model stopped).
+        draft_model_stopped_after: new tokens when the policy stopped the draft model (a hybrid goes on with
+            prompt lookup), or ``None``.
+        draft_model_skipped: the policy left the draft model out of this request (it stopped in the last ones).
+        lookup_pauses: how often prompt lookup was paused for not paying.
     """
 
     prompt_tokens: int = 0
     new_tokens: int = 0
     ttft_s: float = 0.0
     decode_s: float = 0.0
+    setup_s: float = 0.0
     target_forwards: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    guessed_tokens: int = 0
+    guesses_accepted: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
     draft_busy_s: float = 0.0
     acceptance_counts: Optional[AcceptanceCounts] = None
-    extra: dict = field(default_factory=dict)
+    engine: str = "xpuspec"
+    draft_model_stopped_after: Optional[int] = None
+    draft_model_skipped: bool = False
+    lookup_pauses: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -212,6 +228,52 @@ def logits_processor(config: GenerationConfig, prompt_len: int) -> LogitsProcess
         if config.top_p is not None and config.top_p < 1.0:
             procs.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
     return procs
+
+
+def min_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
+    """New tokens before which EOS is masked: ``min_new_tokens``, or what ``min_length`` leaves after the prompt."""
+    return max(config.min_new_tokens or 0, (config.min_length or 0) - prompt_len, 0)
+
+
+class StopStrings:
+    """transformers' ``stop_strings``: generation ends with the token whose text completes one of ``strings``
+    (the output keeps the stop string, as transformers' ``StopStringCriteria`` does; its text may overhang).
+
+    Args:
+        tokenizer: the model's tokenizer (``generate(..., tokenizer=tok)``).
+        strings: the stop strings (non-empty).
+    """
+
+    def __init__(self, tokenizer, strings: Sequence[str]):
+        self.tokenizer, self.strings = tokenizer, list(strings)
+        self.window = 2 * max(len(s) for s in self.strings) + 2  # tokens: enough text to hold any stop string
+
+    def ends_with_stop(self, tokens: Sequence[int]) -> bool:
+        """Whether the last token of ``tokens`` (the sequence so far, prompt included) completes a stop string."""
+        tail = list(tokens[-self.window:])
+        text = self.tokenizer.decode(tail)
+        if not any(s in text for s in self.strings):
+            return False
+        before = self.tokenizer.decode(tail[:-1])
+        return any(s in text and s not in before for s in self.strings)
+
+
+def stop_strings(config: GenerationConfig, tokenizer) -> Optional[StopStrings]:
+    """The :class:`StopStrings` of ``config.stop_strings``, or ``None``.
+
+    Raises:
+        GenerationConfigError: stop strings without a tokenizer, or a stop string that is empty or not a string.
+    """
+    strings = config.stop_strings
+    if not strings:
+        return None
+    strings = [strings] if isinstance(strings, str) else list(strings)
+    if not all(isinstance(s, str) and s for s in strings):
+        raise GenerationConfigError(f"stop_strings must be non-empty strings, got {config.stop_strings!r}.")
+    if tokenizer is None:
+        raise GenerationConfigError("stop_strings need the model's tokenizer to read the text: pass tokenizer= to "
+                                    "generate (generate(..., stop_strings=[...], tokenizer=tok)), as transformers does.")
+    return StopStrings(tokenizer, strings)
 
 
 def max_new_tokens(config: GenerationConfig, prompt_len: int) -> int:

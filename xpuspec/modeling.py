@@ -3,6 +3,8 @@
 import json
 import logging
 import os
+import threading
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -14,7 +16,7 @@ from .cache import METADATA_FILE, atomic_folder, read_metadata, refuse_replacing
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .decode import decode
-from .generation import check_max_length, pack_output, resolve_generation_config
+from .generation import check_max_length, pack_output, resolve_generation_config, stop_strings
 from .hf_folder import check_tokenizer_files
 from .inputs import check_fits, check_input_ids, clamp_to_context
 from .lowbit import decoder_in_channels, resolve_low_bit
@@ -22,7 +24,8 @@ from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_model
-from .speculative.memory import SpeculationMemory
+from .speculative.policy import PolicyBook
+from .speculative.profile import TargetCosts
 from .speculative.pairing import check_draft, plan_speculation
 from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
 
@@ -65,7 +68,9 @@ class XpuspecModelForCausalLM:
         self.last_generate_stats = None
         self.speculative_config: Optional[SpeculativeConfig] = None
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
-        self._speculation_memory = SpeculationMemory()
+        self._policies = PolicyBook(runner.traits.single_step_width)  # speculation across requests, per drafter
+        self._costs = TargetCosts()  # what the runner's passes cost, once measured
+        self._lock = threading.RLock()  # one request at a time on this model's runner (see generate)
 
     @property
     def device_map(self):
@@ -79,6 +84,17 @@ class XpuspecModelForCausalLM:
 
     def can_generate(self) -> bool:
         return True
+
+    def _supports_logits_to_keep(self):
+        """transformers' assisted generation asks its ``assistant_model`` this first: refuse there, clearly.
+
+        Raises:
+            TypeError: always; an xpuspec model drafts only for xpuspec targets.
+        """
+        raise TypeError(
+            "an xpuspec model cannot be the assistant_model of a transformers model: transformers' assisted "
+            "generation drives its assistant through torch KV caches that xpuspec's backends do not expose. Load the "
+            "target with xpuspec too (xpuspec.AutoModelForCausalLM.from_pretrained) and pass the draft there.")
 
     def eval(self) -> "XpuspecModelForCausalLM":
         """Nothing to switch: the model only infers (for code written for torch modules). Returns ``self``."""
@@ -107,7 +123,7 @@ class XpuspecModelForCausalLM:
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, streamer=None,
                  assistant_model=None, prompt_lookup_num_tokens=None, num_assistant_tokens=None,
                  num_assistant_tokens_schedule=None, assistant_confidence_threshold=None,
-                 speculative: Optional[bool] = None, **kwargs):
+                 speculative: Optional[bool] = None, tokenizer=None, **kwargs):
         """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, batch size 1).
 
         Args:
@@ -121,9 +137,11 @@ class XpuspecModelForCausalLM:
             num_assistant_tokens, num_assistant_tokens_schedule, assistant_confidence_threshold:
                 draft length k, ``"heuristic"`` or ``"constant"``, and the confidence stop.
             speculative: ``False`` decodes plainly even if the model was loaded with ``speculative=``.
+            tokenizer: the model's tokenizer, which ``stop_strings`` need (transformers' argument).
             **kwargs: GenerationConfig fields: ``max_new_tokens``, ``min_new_tokens``, ``do_sample``,
                 ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``eos_token_id``,
-                ``pad_token_id``, ``return_dict_in_generate``, ``output_scores``, ``output_logits``, ...
+                ``pad_token_id``, ``return_dict_in_generate``, ``output_scores``, ``output_logits``, ``stop_strings`` (the
+                output ends with the token that completes one, as in transformers), ...
 
         Returns:
             LongTensor ``[1, prompt_len + new_tokens]`` (int64, CPU), or
@@ -132,11 +150,13 @@ class XpuspecModelForCausalLM:
         If the prompt plus ``max_new_tokens`` passes the model's context, generation stops at the
         context (fewer new tokens) and one warning is logged.
 
-        With the cost model on (the default), a draft model that measured slower than plain decoding on the
-        last two requests is skipped on the next ones (a hybrid keeps its prompt lookup), and probed again
-        after 1, 2, 4, ... (at most 16) skipped requests (:mod:`xpuspec.speculative.memory`;
-        ``last_generate_stats.extra`` says so), and a draft model's acceptance rates per draft position start
-        from its rates in the earlier requests (greedy and sampling apart; ``last_generate_stats.acceptance_counts``).
+        Thread-safe: concurrent calls on one model (and on the models drafting for it) run one at a time, each
+        with the output it would have alone.
+
+        With the cost model on (the default), each round drafts the length that the target's measured verify costs
+        and the measured acceptance favour, and a draft model that cannot pay stops for the rest of the request (a
+        hybrid keeps its prompt lookup); after two such requests in a row, later ones leave it out, probing again
+        after 1, 2, 4, ... (at most 16) requests (:mod:`xpuspec.speculative.policy`; ``last_generate_stats`` says so).
 
         Raises:
             InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,
@@ -160,6 +180,25 @@ class XpuspecModelForCausalLM:
         if assistant_model is not None and assistant_model.runner is self.runner:
             raise ValueError("assistant_model is this model itself; they would share one KV cache. "
                              "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative=True.")
+        with self._exclusive(assistant_model, self.draft_model):
+            return self._generate(input_ids, generation_config, streamer, assistant_model, prompt_lookup_num_tokens,
+                                  num_assistant_tokens, num_assistant_tokens_schedule,
+                                  assistant_confidence_threshold, speculative, tokenizer, kwargs)
+
+    @contextmanager
+    def _exclusive(self, *others):
+        """Hold this model's lock and those of ``others`` (xpuspec models or ``None``), in one global order so
+        that two threads pairing the same models the other way round cannot deadlock."""
+        models = sorted({id(m): m for m in (self, *others) if m is not None}.values(), key=id)
+        with ExitStack() as stack:
+            for model in models:
+                stack.enter_context(model._lock)
+            yield
+
+    def _generate(self, input_ids, generation_config, streamer, assistant_model, prompt_lookup_num_tokens,
+                  num_assistant_tokens, num_assistant_tokens_schedule, assistant_confidence_threshold,
+                  speculative, tokenizer, kwargs):
+        """:meth:`generate` once its arguments' types are checked, holding the models' locks."""
         if speculative is not None and not isinstance(speculative, bool):
             raise TypeError(f"speculative must be True, False or None, got {speculative!r}.")
         if speculative and self.speculative_config is None and assistant_model is None \
@@ -167,35 +206,33 @@ class XpuspecModelForCausalLM:
             raise SpeculativeConfigError(
                 "generate(speculative=True) on a model loaded without speculation has nothing to draft with: load it "
                 "with from_pretrained(..., speculative=...), or pass assistant_model= or prompt_lookup_num_tokens=.")
-        drafter, schedule = plan_speculation(
+        plan = plan_speculation(
             self, None if speculative is False else self.speculative_config, speculative is not False,
             assistant_model, prompt_lookup_num_tokens, num_assistant_tokens, num_assistant_tokens_schedule,
             assistant_confidence_threshold)
         config = resolve_generation_config(self.generation_config, generation_config, kwargs)
+        stop = stop_strings(config, tokenizer)
         check_max_length(config, input_ids.shape[1])
         context = self._context_length()
         check_fits(input_ids.shape[1], context, self.runner.max_prompt_len, self.device_name)
         clamp_to_context(config, input_ids.shape[1], context)
-        for runner in drafter.mixed_width_runners(self.runner) if drafter is not None else ():  # a refused call: none
-            runner.expect_mixed_widths()
+        policy, setup_s, skipped = None, 0.0, False
+        if plan is not None:
+            sample = bool(config.do_sample)
+            book = self._policies.policy(plan.kind, plan.draft_runner, sample, plan.drafter.uses_model, plan.name)
+            skipped = not book.starts_model(plan.schedule)
+            if skipped:  # a hybrid keeps its prompt lookup
+                plan = plan.without_model()
+                book = None if plan is None else self._policies.policy(plan.kind, None, sample, False, plan.name)
+            if plan is not None:
+                policy = book.begin(plan.schedule, self._costs.profile, plan.drafter.uses_model)
+                for runner in plan.drafter.runners() or [self.runner]:  # whose passes will alternate widths
+                    setup_s += runner.expect_mixed_widths()
         if streamer is not None:
             streamer.put(input_ids.cpu())
-        memory_key = (type(drafter).__name__, id(assistant_model), bool(config.do_sample))  # sampling accepts less
-        remembered = drafter is not None and schedule.cost_model
-        skipped = remembered and not self._speculation_memory.should_speculate(memory_key)
-        if skipped:  # a hybrid keeps its prompt lookup
-            drafter, schedule = drafter.costless_part(), schedule.for_lookup()
-        model_drafts = remembered and not skipped and not drafter.costless  # lookup's rates vary by prompt
-        prior = self._speculation_memory.acceptance(memory_key) if model_drafts else None
-        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer, drafter, schedule,
-                                         acceptance_prior=prior)
-        if skipped:
-            stats.extra["speculation_skipped"] = "the cost model switched the draft model off on the last requests"
-        elif remembered:
-            self._speculation_memory.record(memory_key, bool({"speculation_off_after_tokens",
-                                                              "draft_model_off_after_tokens"} & set(stats.extra)),
-                                            cannot_pay=stats.extra.get("speculation_cannot_pay", False),
-                                            acceptance=stats.acceptance_counts if model_drafts else None)
+        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer,
+                                         None if plan is None else plan.drafter, policy, self._costs, stop, setup_s)
+        stats.draft_model_skipped = skipped
         if streamer is not None:
             streamer.end()
         self.last_generate_stats = stats
@@ -226,9 +263,10 @@ class XpuspecModelForCausalLM:
         input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)
         check_fits(input_ids.shape[1], self._context_length(), self.runner.max_prompt_len, self.device_name,
                    room_for_next=False)
-        self.runner.reset()
-        logits = self.runner.forward(input_ids[0].tolist())[None]
-        self.runner.reset()
+        with self._lock:
+            self.runner.reset()
+            logits = self.runner.forward(input_ids[0].tolist())[None]
+            self.runner.reset()
         loss = None
         if labels is not None:
             loss = torch.nn.functional.cross_entropy(
@@ -364,6 +402,7 @@ class AutoModelForCausalLM:
         config = source.config  # a config transformers cannot read fails here, before a backend loads
         if spec is not None and spec.draft:
             resolve_source(spec.draft)  # a missing draft fails before the target compiles, after a missing target
+        draft_origin = _self_draft_origin(spec, source) if spec is not None and spec.uses_model else source
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
@@ -385,7 +424,8 @@ class AutoModelForCausalLM:
             model.speculative_config = spec
             if spec.uses_model:
                 model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
-                    _draft_source(spec, source, pretrained_model_name_or_path), device=draft_device_name,
+                    _draft_source(spec, draft_origin, pretrained_model_name_or_path if draft_origin is source
+                                  else draft_origin.path), device=draft_device_name,
                     load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),
                     ov_config=ov_config, **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size},
                 )
@@ -396,15 +436,21 @@ class AutoModelForCausalLM:
 
     @classmethod
     def load_low_bit(cls, path, *, device: Optional[str] = None, backend: Optional[str] = None,
-                     ov_config: Optional[dict] = None) -> XpuspecModelForCausalLM:
+                     ov_config: Optional[dict] = None, speculative=None, draft_low_bit: Optional[str] = None,
+                     draft_device: Optional[str] = None) -> XpuspecModelForCausalLM:
         """Load a folder written by :meth:`XpuspecModelForCausalLM.save_low_bit` (ipex-llm's name).
+
+        ``speculative``, ``draft_low_bit`` and ``draft_device`` as for :meth:`from_pretrained`; a self or layer-skip
+        draft is built from the model the folder was saved from.
 
         Raises:
             ModelSourceError: the folder was not written by ``save_low_bit`` or ``xpuspec export``.
+            SpeculativeConfigError: a self or layer-skip draft whose original model is not found.
         """
         if resolve_source(path).saved_low_bit is None:
             raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no low_bit in {METADATA_FILE}).")
-        return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config)
+        return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config, speculative=speculative,
+                                   draft_low_bit=draft_low_bit, draft_device=draft_device)
 
 
 #: from_pretrained's private keyword for a draft model's load: SpeculativeConfig.draft_vocab_size.
@@ -431,11 +477,35 @@ def _draft_head_tokens(size: Optional[int], backend, device: str, source) -> Opt
     return frequent_tokens(source.path, size, vocab)
 
 
-def _draft_source(spec: SpeculativeConfig, source, target_name):
-    """What the draft is loaded from: the draft model, the layer-skip folder, or the target itself."""
+def _self_draft_origin(spec: SpeculativeConfig, source):
+    """The source a self or layer-skip draft is built from: ``source``, or, where it is an IR that xpuspec saved
+    compressed (``save_low_bit``, ``xpuspec export``), the model it was saved from, when that is still found.
+
+    Raises:
+        SpeculativeConfigError: the saved model's origin is not found (its weights cannot be compressed again).
+    """
+    saved = source.saved_low_bit
+    if spec.draft or saved is None or saved.format == "fp32":
+        return source
+    origin = source.metadata.get("source")
+    try:
+        found = resolve_source(origin) if origin else None
+    except ModelSourceError:
+        found = None
+    if found is None or found.saved_low_bit is not None:
+        raise SpeculativeConfigError(
+            f"speculative mode {spec.mode!r} builds its draft from the original weights, but {source.path} holds "
+            f"{saved.format} weights saved from {origin!r}, which is not found here. Load the original model with "
+            "speculative=..., or use speculative='prompt_lookup' or a separate draft model (speculative='<path>').")
+    return found
+
+
+def _draft_source(spec: SpeculativeConfig, origin, origin_name):
+    """What the draft is loaded from: the draft model, the layer-skip folder, or the weights a self-draft copies
+    (``origin``, named ``origin_name``: the target's own, or those a saved target came from, :func:`_self_draft_origin`)."""
     if spec.mode == "layer_skip":
-        return layer_skip_model(source, spec.skip_layers)
-    return spec.draft or target_name
+        return layer_skip_model(origin, spec.skip_layers)
+    return spec.draft or origin_name
 
 
 def _default_draft_low_bit(spec: SpeculativeConfig, target_low_bit):

@@ -4,9 +4,31 @@ The decode loop talks only to this interface; it knows nothing of OpenVINO or to
 """
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 import torch
+
+
+@dataclass(frozen=True)
+class RunnerTraits:
+    """How a backend's passes behave, for the decode loop to plan around. The backend fills them; the core reads them.
+
+    Attributes:
+        single_step_width: the width a 1-token pass runs at (padded, the padding rolled back): 2 where the backend
+            computes a 1-token pass differently from wider ones, so that plain steps and verify passes compute alike
+            and speculative output equals plain output (``forward(..., exact=False)`` skips the padding).
+        fixed_verify_width: pad rounds with drafts to the widest width so far in a request: changing the input
+            width costs this backend a re-preparation, and rolling back the padding is free.
+        lockstep: one stage of a multi-process pipeline: every rank runs the same loop and must take the same
+            decisions, so none may depend on timing (the cost model is off).
+        uses_torch_threads: the passes compute with torch's intra-op threads (the torch backends).
+    """
+
+    single_step_width: int = 1
+    fixed_verify_width: bool = False
+    lockstep: bool = False
+    uses_torch_threads: bool = False
 
 
 class Runner(ABC):
@@ -20,19 +42,9 @@ class Runner(ABC):
         length: tokens currently in the KV cache.
         max_length: tokens the KV cache can hold, when the backend fixes it (NPU); else ``None``.
         max_prompt_len: longest prompt one prefill takes, when the backend fixes it (NPU); else ``None``.
-        fixed_verify_width: pad speculative verify passes to one width: changing the input length
-            costs this backend more than the padding (OpenVINO CPU: 8-14 ms per change, measured),
-            and its rollback of the padding is free.
-        lockstep: one stage of a multi-process pipeline: every rank runs the same decode loop and
-            must take the same decisions, so none may depend on timing (the cost model is off).
-        single_step_width: the width a 1-token pass runs at (padded, the padding rolled back): 2 where
-            the backend computes a 1-token pass differently from wider ones (OpenVINO CPU with dynamic
-            quantization), so that plain steps and verify passes compute alike and speculative output
-            equals plain output. A draft model's is set to 1 when it drafts (its numerics need not match).
+        traits: :class:`RunnerTraits`.
         head_tokens: the token ids a draft's cut LM head scores (int64 ``[n]``; every other logit is ``-inf``,
             :mod:`xpuspec.speculative.vocab`), or ``None`` where the head scores the whole vocabulary.
-        uses_torch_threads: the passes compute with torch's intra-op threads (the torch backends). Where no
-            runner of a request does, the decode loop runs torch on one thread (:func:`xpuspec.decode.decode`).
     """
 
     device: str
@@ -41,11 +53,8 @@ class Runner(ABC):
     num_layers: int
     max_length: Optional[int] = None
     max_prompt_len: Optional[int] = None
-    fixed_verify_width: bool = False
-    lockstep: bool = False
-    single_step_width: int = 1
+    traits: RunnerTraits = RunnerTraits()
     head_tokens: Optional[torch.Tensor] = None
-    uses_torch_threads: bool = False
 
     @property
     @abstractmethod
@@ -59,13 +68,15 @@ class Runner(ABC):
         return [{"stage": 0, "device": self.device, "layers": [0, self.num_layers], "weight_bytes": self.weight_bytes}]
 
     @abstractmethod
-    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         """Append ``tokens`` to the KV cache and return their logits.
 
         Args:
             tokens: k >= 1 token ids (ints), positions ``length .. length+k-1``.
             logits_to_keep: return the logits of this many last positions only (transformers'
                 name; a prefill needs one row); ``None`` returns all k.
+            exact: compute a 1-token pass as wider passes compute (:attr:`RunnerTraits.single_step_width`); a draft
+                model, whose numerics need not match anything, passes ``False``.
 
         Returns:
             float32 tensor ``[k, vocab_size]`` (``[logits_to_keep, vocab_size]``) on the CPU: row i
@@ -88,12 +99,13 @@ class Runner(ABC):
         """
         return None
 
-    def expect_mixed_widths(self) -> None:
+    def expect_mixed_widths(self) -> float:
         """A hint that this runner's passes will alternate between 1-token steps and wider passes (a draft
         model drafting and catching up, a target whose prompt lookup finds no match in some rounds). A backend
         for which each change of input width costs a re-preparation may prepare for both here, once (OpenVINO
         paged runner: a second compiled copy for the steps, which holds a second copy of the weights). It does
-        not change any output. Default: nothing."""
+        not change any output. Returns the seconds it spent (0 when prepared already). Default: nothing."""
+        return 0.0
 
     @abstractmethod
     def rollback(self, n: int) -> None:

@@ -184,7 +184,8 @@ class OpenVINOBackend(Backend):
         if paged:
             if _kind(devices[0]) == "cpu":
                 check_cpu_cache_precision(self.core, devices[0], configs[0])
-            return PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens)
+            return PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens,
+                               is_cpu=_kind(devices[0]) == "cpu")
         return OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens)
 
     def save_low_bit(self, runner, folder) -> None:

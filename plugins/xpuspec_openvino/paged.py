@@ -12,44 +12,22 @@ int64 ``[n]``; ``logits`` come out as ``[n, 1, vocab]``.
 Owning the cache buys two things a stateful model cannot give a speculative loop:
 
 * **Rollback is free and exact**: tokens past ``past_lens`` are simply overwritten by the next pass.
-* **Two compiled copies can share one cache**: one runs only 1-token steps, the other every wider pass
-  (prefill, padded verify). The CPU plugin re-prepares a model whenever its input length changes;
-  alternating 1-token steps with 6-token verify passes on one model cost 23.1 and 38.0 ms against
-  17.7 and 32.8 ms when each width has its own copy (SmolLM2-135M int8_asym, f32 KV cache, context
-  300, 2-core AVX2 CPU, median of 20, session script). A 6-token verify then costs 1.9x a 1-token step.
+* **Two compiled copies can share one cache**: one runs only 1-token steps, the other every wider pass (prefill,
+  padded verify). The CPU plugin re-prepares a model whenever its input length changes, so a loop alternating
+  1-token steps with verify passes runs faster with a copy per width. Each compiled copy holds its own repacked
+  weights, so the second copy is made only where the widths will alternate (:meth:`PagedRunner.expect_mixed_widths`:
+  a draft model, a prompt-lookup target); plain decoding and a target verifying a draft model's rounds at one
+  padded width keep one copy.
 
-**The second copy only where the widths alternate.** Each compiled copy holds its own repacked weights:
-on a 2-core Xeon with AMX, Qwen2.5-Coder-1.5B int8_asym held 3253 MiB of anonymous memory with two copies
-and 1752 with one (after loading; its 1601 MiB of mapped IR alike), while alternating 2- and 6-token passes
-cost 81.1 and 100.8 ms with two copies against 92.5 and 108.5 on one. Most loops do not alternate: plain
-decoding prefills once and then steps; a target verifying a draft model's rounds runs one padded width. So
-a runner compiles one copy, and a second for the steps when told the passes will alternate
-(:meth:`PagedRunner.expect_mixed_widths`: a draft model, a prompt-lookup target). Measured in one process,
-the variants alternated per prompt, outputs identical (same Xeon, greedy, session script): one copy against
-two for the target, Qwen2.5-Coder 1.5B int8 + 0.5B int4 hybrid 23.1 against 22.5 tok/s, SmolLM2 plain 102.1
-against 103.2 and self-speculation 105.3 against 105.7; but SmolLM2 prompt lookup 139.4 against 145.3, and
-the Qwen hybrid's draft on one copy 21.7 against 23.1. A hybrid's target keeps one copy also once its draft
-model is dropped and its lookup alone alternates (SmolLM2 hybrid, which drops it: 146.9 against 153.3 tok/s
-with two): the Qwen hybrid drops it in some requests, and a second copy then would hold 1.5 GB more for the
-rest of the model's life (peak RSS 6054 against 4555 MiB after one such request).
-
-Measured against the stateful SDPA runner on the same IR: prompt logits agree within 3e-5, 30
-greedy steps within 5.4e-5 with no argmax flip (AVX2 CPU).
-
-**Single-token passes that compute differently.** On CPUs with AVX512-VNNI or AMX the CPU plugin
-quantizes activations of INT8/INT4 layers on the fly (``DYNAMIC_QUANTIZATION_GROUP_SIZE``, 32 by
-default), and a 1-token pass then takes another kernel than a wider one: on a Xeon with AMX
-(SmolLM2-135M int8_asym) 16 single steps differ from one 16-token pass by up to 1.03 in the logits,
-while passes of 2, 3, 4, 5, 6 and 16 tokens agree bit for bit. Without dynamic quantization all
-agree (1.2e-4), but a step costs 17-19 ms instead of 10-11 and a 6-token pass 21-22 ms instead of
-13-14. So the runner checks at load whether its 1-token pass computes like a 2-token one and, where
-it does not, runs every 1-token pass as a 2-token one (``single_step_width = 2``, the second token
-rolled back): plain steps and verify passes then compute alike, and speculative output stays the
-plain output. openvino_genai's engine steps one token at a time, so it does not decode for such a
-runner.
+**1-token passes that compute differently.** Where the plugin's 1-token pass computes otherwise than its wider
+passes (:mod:`.numerics` measures it, at tolerance 0), the runner runs every 1-token pass as a 2-token one
+(``traits.single_step_width == 2``, the second token rolled back), so that plain steps and verify passes compute
+alike and speculative output is the plain output. openvino_genai's engine steps one token at a time, so it does
+not decode for such a runner.
 """
 
 import logging
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -58,8 +36,9 @@ import openvino as ov
 import torch
 
 from xpuspec.errors import ModelSourceError
-from xpuspec.runner import Runner, on_whole_vocabulary
+from xpuspec.runner import Runner, RunnerTraits, on_whole_vocabulary
 
+from . import numerics
 from .genai_engine import GenAIGreedy
 from .graph import LOGITS_TO_KEEP, keep_head_rows, keep_last_logits, num_layers
 from .ir import MODEL_BIN, read_ir
@@ -68,11 +47,8 @@ log = logging.getLogger("xpuspec")
 
 #: Tokens the KV cache holds at first; it doubles (one copy) when a request needs more.
 INITIAL_CAPACITY = 1024
-#: Passes a second compiled copy runs when it is made, before any timed use. Its first inference does
-#: work the compile left (Qwen2.5-Coder-0.5B int4 draft, 2-core AMD EPYC: 1436 ms, then 40, 40, 36 and
-#: from the fifth 23 ms a step); inside a request the decode loop's cost model took that for the draft
-#: step, found that speculation could not pay and dropped the draft model, and two such requests made
-#: the next 16 skip it (:mod:`xpuspec.speculative.memory`).
+#: Passes a second compiled copy runs when it is made: its first inferences finish work the compile left, and
+#: should not be timed as steps.
 WARM_UP_PASSES = 4
 _DESCRIPTORS = ("input_ids", "position_ids", "past_lens", "subsequence_begins", "block_indices",
                 "block_indices_begins", "max_context_len", LOGITS_TO_KEEP)
@@ -144,11 +120,10 @@ class PagedRunner(Runner):
         ModelSourceError: the IR is damaged or cannot take paged attention.
     """
 
-    fixed_verify_width = True  # rollback of the padding is free, and the wide copy keeps one width
     attention_backend = "PA"
 
     def __init__(self, core: ov.Core, folder: Path, device: str, config: dict, capacity: int = INITIAL_CAPACITY,
-                 head_tokens: Optional[Sequence[int]] = None):
+                 head_tokens: Optional[Sequence[int]] = None, is_cpu: bool = False):
         self.folder, self.device, self.configs = Path(folder), device, [dict(config)]
         model = read_ir(core, self.folder)
         self.num_layers = num_layers(model)
@@ -173,18 +148,17 @@ class PagedRunner(Runner):
         self._length = 0
         self._grow(capacity)
         self._genai = GenAIGreedy(self.folder, device.upper(), config, attention_backend="PA")
-        self.single_step_width = 2 if self._single_step_differs() else 1
+        # rollback of the padding is free, and the wide copy keeps one width
+        self.traits = RunnerTraits(single_step_width=self._probe_single_step(is_cpu), fixed_verify_width=True)
 
-    def _single_step_differs(self, tolerance: float = 1e-2) -> bool:
-        """Whether two 1-token passes give other logits than one 2-token pass over the same tokens (by
-        more than ``tolerance``; differences in accumulation order stay near 1e-4). Leaves the cache empty."""
-        tokens = [i % self.vocab_size for i in range(1, 7)]
-        self.forward(tokens[:4])
-        wide = self.forward(tokens[4:])
-        self.rollback(2)
-        steps = torch.cat([self.forward(tokens[4:5]), self.forward(tokens[5:])])
-        self.reset()
-        return float((wide - steps).nan_to_num(0.0).abs().max()) > tolerance  # -inf - -inf: a token not scored
+    def _probe_single_step(self, is_cpu: bool) -> int:
+        """The width a 1-token pass runs at: 2 where it computes otherwise than wider passes (:mod:`.numerics`)."""
+        def measure():
+            return numerics.probe(lambda tokens: self._pass(tokens, len(tokens)), self.rollback, self.reset,
+                                  numerics.probe_tokens(self.folder, self.vocab_size))
+
+        identity = numerics.device_identity(self._core, self.device.upper(), is_cpu)
+        return numerics.cached_probe(self.folder, identity, self.configs[0], measure).single_step_width
 
     @property
     def length(self) -> int:
@@ -195,20 +169,23 @@ class PagedRunner(Runner):
         """Compiled copies of the model this runner holds: 1, or 2 after :meth:`expect_mixed_widths`."""
         return 1 if self._step is self._wide else 2
 
-    def expect_mixed_widths(self) -> None:
+    def expect_mixed_widths(self) -> float:
         """Compile a second copy for the 1-token steps (once; see the module docstring) and run it
-        :data:`WARM_UP_PASSES` times. It shares the KV cache and holds a second copy of the weights (the RSS
-        grows by about the size of the IR's weights)."""
+        :data:`WARM_UP_PASSES` times; returns the seconds it took (0 when made already). It shares the KV cache
+        and holds a second copy of the weights (the RSS grows by about the size of the IR's weights)."""
         if self._step is not self._wide:
-            return
+            return 0.0
+        start = time.perf_counter()
         log.info("%s: a second compiled copy for 1-token steps (about %.0f MiB more)", self.folder.name,
                  self.weight_bytes / 2**20)
         self._step = self._core.compile_model(self._model, self.device.upper(), self.configs[0]).create_infer_request()
         for port in self._cache_inputs:
             self._step.set_tensor(port.any_name, self._wide.get_tensor(port.any_name))
+        width = self.traits.single_step_width
         for _ in range(WARM_UP_PASSES):  # past the cache's contents, which stay as they are
-            self._pass([0] * self.single_step_width, 1)
-            self._length -= self.single_step_width
+            self._pass([0] * width, 1, step=True)
+            self._length -= width
+        return time.perf_counter() - start
 
     @property
     def device_map(self) -> List[dict]:
@@ -234,17 +211,19 @@ class PagedRunner(Runner):
             self._wide.set_tensor(port.any_name, tensor)
         self._blocks = blocks
 
-    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         keep = min(logits_to_keep or len(tokens), len(tokens))
-        padding = max(0, self.single_step_width - len(tokens))
+        step = self.traits.single_step_width if exact else 1  # the width of this runner's 1-token steps
+        padding = max(0, step - len(tokens))
         if padding:  # a 1-token pass that would compute differently from wider ones (module docstring)
-            rows = self._pass(list(tokens) + [tokens[-1]] * padding, keep + padding)[:keep]
+            rows = self._pass(list(tokens) + [tokens[-1]] * padding, keep + padding, step=True)[:keep]
             self._length -= padding
             return rows
-        return self._pass(tokens, keep)
+        return self._pass(tokens, keep, step=len(tokens) == step)
 
-    def _pass(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
-        """One inference over ``tokens``, appended to the cache; the logits of the last ``keep``."""
+    def _pass(self, tokens: Sequence[int], keep: int, step: bool = False) -> torch.Tensor:
+        """One inference over ``tokens``, appended to the cache; the logits of the last ``keep``. ``step``: a pass
+        of the steps' width, run on the steps' copy."""
         n, past = len(tokens), self._length
         end = past + n
         if end > self.capacity:
@@ -260,7 +239,7 @@ class PagedRunner(Runner):
             "max_context_len": np.array(end, dtype=np.int32),
             LOGITS_TO_KEEP: np.array([keep], dtype=np.int64),
         }
-        request = self._step if n == self.single_step_width else self._wide
+        request = self._step if step else self._wide
         request.infer(feed, share_inputs=True)
         self._length = end
         rows = torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep, -1))
@@ -270,7 +249,7 @@ class PagedRunner(Runner):
         """openvino_genai's C++ loop with its paged-attention backend on the same IR and device; ``None``
         where this runner pads its 1-token passes (the engine's would compute otherwise) or scores only some
         tokens (the engine scores all)."""
-        if self.single_step_width > 1 or self.head_tokens is not None:
+        if self.traits.single_step_width > 1 or self.head_tokens is not None:
             return None
         return self._genai.generate(prompt, max_new_tokens, min_new_tokens, eos, on_token)
 

@@ -28,7 +28,7 @@ import numpy as np
 import openvino as ov
 import torch
 
-from xpuspec.runner import Runner, on_whole_vocabulary
+from xpuspec.runner import Runner, RunnerTraits, on_whole_vocabulary
 from xpuspec.stages import balanced_split
 
 from .genai_engine import GenAIGreedy
@@ -137,9 +137,9 @@ class OpenVINORunner(Runner):
         return self._length
 
     @property
-    def fixed_verify_width(self) -> bool:
+    def traits(self) -> RunnerTraits:
         """Pad verify passes only while padding is masked out for free (not when every rollback copies)."""
-        return self.max_dead_slots > 0
+        return RunnerTraits(fixed_verify_width=self.max_dead_slots > 0)
 
     @property
     def dead_slots(self) -> int:
@@ -151,7 +151,7 @@ class OpenVINORunner(Runner):
         return [{"stage": i, "device": s.device, "layers": list(s.layers), "weight_bytes": s.weight_bytes,
                  "execution_devices": s.execution_devices} for i, s in enumerate(self.stages)]
 
-    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         n = len(tokens)
         self._live = np.concatenate([self._live, np.ones(n, dtype=np.int64)])
         feed = {"input_ids": np.asarray(tokens, dtype=np.int64).reshape(1, n),

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from xpuspec.distributed import World, init, lost_rank
 from xpuspec.errors import PipelineConfigError, PipelineError
+from xpuspec.runner import RunnerTraits
 from xpuspec.stages import balanced_split, check_split
 
 from .runner import TorchRunner, parameter_bytes
@@ -123,7 +124,7 @@ class TorchPipelineRunner(TorchRunner):
             "layers": [a, b], "weight_bytes": int, "rank": r}``.
     """
 
-    lockstep = True
+    traits = RunnerTraits(lockstep=True, uses_torch_threads=True)
 
     def __init__(self, model, device: str, world: World, bounds: Sequence[Tuple[int, int]], stages: Sequence[str]):
         super().__init__(model, device)
@@ -156,7 +157,7 @@ class TorchPipelineRunner(TorchRunner):
         return self._device_map
 
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         """Run ``tokens`` through the whole pipeline; every rank gets the logits.
 
         Returns:

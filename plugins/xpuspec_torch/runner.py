@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 import torch
 from transformers import DynamicCache
 
-from xpuspec.runner import Runner
+from xpuspec.runner import Runner, RunnerTraits
 
 
 def parameter_bytes(module) -> int:
@@ -16,7 +16,7 @@ def parameter_bytes(module) -> int:
 class TorchRunner(Runner):
     """A transformers causal LM on ``cpu`` or ``xpu:N`` (batch size 1)."""
 
-    uses_torch_threads = True
+    traits = RunnerTraits(uses_torch_threads=True)
 
     def __init__(self, model, device: str):
         self.model = model
@@ -31,7 +31,7 @@ class TorchRunner(Runner):
         return self.cache.get_seq_length()
 
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.model.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=logits_to_keep or 0)
         return out.logits[0].float().cpu()

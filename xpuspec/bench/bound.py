@@ -264,7 +264,7 @@ def _view(runner, prompt: List[int], output: List[int], context_length: int) -> 
     prob, pred = torch.softmax(rows, dim=-1).max(dim=-1)
     runner.reset()
     prefill_s = _timed(lambda: runner.forward(seen, logits_to_keep=1))
-    steps = [_timed(lambda: runner.forward([token])) for token in output[:1 + TIMED_STEPS]]
+    steps = [_timed(lambda: runner.forward([token], exact=False)) for token in output[:1 + TIMED_STEPS]]
     runner.reset()
     return View(pred.tolist(), prob.tolist(), statistics.median(steps[1:]), prefill_s)
 
@@ -282,22 +282,35 @@ def measure(model, genai_draft, prompt_set: str, prompt: List[int], new_tokens: 
     """
     import torch
 
-    from ..speculative.drafters import PromptLookupDrafter
-    from ..speculative.widths import measure_widths
+    from ..speculative.profile import measure_profile
 
     out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                          do_sample=False, speculative=False)
     output = out[0, len(prompt):].tolist()
-    lookup = PromptLookupDrafter(LOOKUP_NGRAM, LOOKUP_NGRAM)
-    continuations = [lookup.lookup(prompt + output[:i], LOOKUP_TOKENS) for i in range(len(output) + 1)]
+    continuations = lookup_continuations(prompt, output)
     target = model.runner
     target.reset()
     target.forward(prompt, logits_to_keep=1)
-    verify = measure_widths(target, prompt[-1], MAX_WIDTH, fresh=True)
+    profile = measure_profile(target, prompt[-1], MAX_WIDTH)
     target.reset()
     views = {"xpuspec": _view(model.draft_model.runner, prompt, output, model.speculative_config.draft_context),
              "genai": _view(genai_draft, prompt, output, 0)}
-    return Trace(prompt_set, len(prompt), output, continuations, [verify[w] for w in range(1, MAX_WIDTH + 1)], views)
+    return Trace(prompt_set, len(prompt), output, continuations, [profile.pass_s(w) for w in range(1, MAX_WIDTH + 1)], views)
+
+
+def lookup_continuations(prompt: List[int], output: List[int], ngram: int = LOOKUP_NGRAM,
+                         k: int = LOOKUP_TOKENS) -> List[List[int]]:
+    """Prompt lookup's continuation (up to ``k`` tokens, ``ngram``-gram matches) after ``prompt + output[:i]``, for
+    i = 0..len(output)."""
+    from ..speculative.drafters import DraftRequest, PromptLookupDrafter
+
+    lookup, context = PromptLookupDrafter(ngram, ngram), list(prompt)
+    lookup.begin(DraftRequest(context, None, False))
+    found = []
+    for i in range(len(output) + 1):
+        found.append(lookup.lookup(context, k))
+        context.extend(output[i:i + 1])
+    return found
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -339,7 +352,6 @@ def run(args: argparse.Namespace) -> int:
                                                            ov_config=ov_config).runner
     except ModelSourceError as exc:
         raise ModelSourceError(f"--draft: {exc}") from None
-    genai_draft.single_step_width = 1  # drafting, as openvino_genai's draft: 1-token steps
     model = AutoModelForCausalLM.from_pretrained(
         args.model, load_in_low_bit=args.low_bit, ov_config=ov_config,
         speculative=SpeculativeConfig(mode="hybrid", draft=args.draft, draft_low_bit=args.draft_low_bit))

@@ -291,10 +291,12 @@ class GenAISystem(System):
 
     def load(self) -> dict:
         import openvino_genai
-        from xpuspec_openvino.genai_engine import one_pass_scheduler
 
         props = self.setup.ov_properties()
-        extra = {"scheduler_config": one_pass_scheduler()}
+        scheduler = openvino_genai.SchedulerConfig()  # the prompt in one pass, computed afresh (as xpuspec does)
+        scheduler.enable_prefix_caching = False
+        scheduler.max_num_batched_tokens = 2**31 - 1
+        extra = {"scheduler_config": scheduler}
         settings = {"ir": self.setup.ir, "properties": props, "prefix_caching": False}
         if self.name == "genai-spec":
             extra["draft_model"] = openvino_genai.draft_model(self.setup.draft_ir, "CPU", **props)

@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from ..decode import DraftSchedule
 from ..errors import SpeculativeConfigError
-from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, DEFAULT_LOOKUP_TOKENS, PromptLookupDrafter, check_count
+from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, PromptLookupDrafter
+from .schedule import DEFAULT_LOOKUP_TOKENS, DraftSchedule, check_count
 
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
 #: Draft format of self-speculation: a low-bit copy of the target.
@@ -49,18 +49,13 @@ class SpeculativeConfig:
             draft model is dropped (default :data:`~xpuspec.speculative.drafters.DEFAULT_LOOKUP_TOKENS`; each round
             is cut to the length the verify costs favour). Other modes do not look up.
         max_matching_ngram_size: longest n-gram prompt lookup matches (default 3, openvino_genai's).
-        min_matching_ngram_size: shortest n-gram prompt lookup matches: default 2 (as vLLM's
-            ``prompt_lookup_min``; 1 proposes after any repeated token, which rarely pays; at most
-            ``max_matching_ngram_size``), and for a hybrid's lookup while its draft model is on
-            ``max_matching_ngram_size``: there a lookup displaces the draft model's tokens, and a
-            2-gram match is weaker evidence than the model (Qwen2.5-Coder 1.5B/0.5B, 3 code + 3 prose +
-            2 edit prompts x 32 tokens x 3, in-process A/B, two runs: 19.9 and 20.5 tok/s against 19.3 and
-            19.8, code 19.5 and 20.2 against 18.1 and 18.0; 2 + 2 + 2 prompts x 4: 22.1 against 21.3;
-            SmolLM2 hybrid, with 3-grams also after its draft model was dropped, 126.4 against 127.1).
-        cost_model: switch a draft model off for the rest of a request, or pause prompt lookup, when
-            speculation measures slower than plain decoding (:mod:`xpuspec.speculative.costmodel`), and
-            draft at most the length the target's measured verify cost per width favours
-            (:mod:`xpuspec.speculative.widths`; measured on the first speculative request).
+        min_matching_ngram_size: shortest n-gram prompt lookup matches: default 2 (vLLM's ``prompt_lookup_min``; 1
+            proposes after any repeated token, which rarely pays; at most ``max_matching_ngram_size``), and
+            ``max_matching_ngram_size`` for a hybrid's lookup while its draft model is on: there a lookup displaces
+            the draft model's tokens, and a 2-gram match is weaker evidence than the model.
+        cost_model: choose each round's draft length from the target's measured verify costs and the measured
+            acceptance, and stop a draft model that cannot pay (:mod:`xpuspec.speculative.policy`); ``False``
+            drafts ``num_assistant_tokens`` every round.
         overlap: draft the next block while the target verifies this one (PEARL; see
             :mod:`xpuspec.speculative.overlap`). ``None``: on when the draft model runs on a device
             none of the target's stages uses.
@@ -105,11 +100,9 @@ class SpeculativeConfig:
         object.__setattr__(self, "max_matching_ngram_size",  # before shortest_ngram uses it
                            check_count("max_matching_ngram_size", self.max_matching_ngram_size))
         checked = DraftSchedule(self.draft_length, "heuristic" if self.num_assistant_tokens_schedule is None
-                                else self.num_assistant_tokens_schedule,
-                                self.assistant_confidence_threshold)  # raises on a bad schedule or threshold
+                                else self.num_assistant_tokens_schedule, self.assistant_confidence_threshold,
+                                self.cost_model)  # raises on a bad schedule, threshold or cost_model
         object.__setattr__(self, "assistant_confidence_threshold", checked.confidence_threshold)  # a float
-        if not isinstance(self.cost_model, bool):
-            raise SpeculativeConfigError(f"cost_model must be True or False, got {self.cost_model!r}.")
         if self.overlap is not None and not isinstance(self.overlap, bool):
             raise SpeculativeConfigError(f"overlap must be True, False or None (the default), got {self.overlap!r}.")
         for hybrid in (False, True):  # bad sizes raise; generate(prompt_lookup_num_tokens=) may ask for either

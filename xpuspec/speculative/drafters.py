@@ -1,348 +1,280 @@
-"""Drafters (candidate generators): each proposes up to k tokens after a context.
+"""Drafters: each proposes tokens for the target to verify.
 
-Interface: ``propose(context, k, score) -> (tokens, probs)``. ``score(prefix, logits)`` turns a
-drafter's raw logits ``[1, vocab]`` into the processed scores the target would use at that
-prefix (same repetition penalty, length rules, temperature, top-k, top-p), so that draft and
-target distributions are built identically. When sampling, ``probs`` is ``[n, vocab]`` float32
-(the draft distribution of each proposed token) for model drafters, or ``None`` for deterministic
-drafters (prompt lookup), whose proposals count as one-hot distributions in rejection sampling.
+A drafter serves one request at a time, in the manner of llama.cpp's speculative ``begin / draft / accept``:
+:meth:`Drafter.begin` takes what is fixed for the request (:class:`DraftRequest`), :meth:`Drafter.propose` returns
+a :class:`Draft` of at most the widths the policy allows, and :meth:`Drafter.accept` reports how many of its tokens
+the target kept. The request's ``context`` is the decode loop's own list of tokens (prompt and accepted output),
+which drafters read and never write. Tokens that cost no model step (looked up in the context) are called *free*.
 """
 
-import numbers
 from abc import ABC, abstractmethod
-from typing import Callable, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from ..errors import SpeculativeConfigError
 from ..runner import Runner
+from .policy import Widths
+from .schedule import check_count
 
+#: ``score(prefix, logits)``: a drafter's raw logits ``[1, vocab]`` turned into the processed scores the target
+#: uses at that prefix (repetition penalty, length rules, temperature, top-k, top-p), so that draft and target
+#: distributions are built alike.
 Score = Callable[[List[int], torch.Tensor], torch.Tensor]
-#: Context tokens a draft model prefills by default (``SpeculativeConfig.draft_context_length``). On the
-#: Qwen2.5-Coder 1.5B int8 target with its 0.5B int4 draft (hybrid, 2 code + 2 prose + 2 edit prompts of
-#: 14-130 tokens x 32 new tokens x 3, in-process A/B, outputs identical, the draft's prefill counted in the
-#: decode time): 21.3 tok/s against 20.0 with the whole prompt (edit 41.3 against 32.6), 64 and 96 alike
-#: within noise, 32 cost acceptance on code (120 accepted drafts against 128-134).
+#: Context tokens a draft model prefills by default (``SpeculativeConfig.draft_context_length``): its prefill then
+#: costs a bounded number of tokens, and the target's verification keeps the output exact whatever it sees.
 DEFAULT_DRAFT_CONTEXT_LENGTH = 64
 
-#: ``(prefix, n) -> up to n tokens`` that continue ``prefix`` at no cost (prompt lookup), or ``[]``.
-Extension = Callable[[List[int], int], List[int]]
 
-#: The longest draft of prompt lookup alone; each round drafts at most the length the target's
-#: measured verify costs favour (:mod:`xpuspec.speculative.widths`), so on a target whose wide passes
-#: are dear it drafts fewer. On a 2-core AMD EPYC (AVX2) k=5 (openvino_genai's) gave 1.21x (edit), 1.09x
-#: (code) and 1.07x (prose) the tokens/s of k=4 on SmolLM2 int8; on a 2-core Xeon with AMX, where a
-#: 16-token pass costs 1.6 plain steps, k=10 made 112 target passes on 4 edit prompts x 64 tokens x 2
-#: against 148 for k=5, and 157.2 against 148.0 tok/s over 3 code + 3 prose + 4 edit prompts.
-DEFAULT_LOOKUP_TOKENS = 10
+@dataclass
+class DraftRequest:
+    """What is fixed for one request.
+
+    Attributes:
+        context: the request's tokens so far (prompt, then accepted output); the decode loop appends to this list.
+        score: see :data:`Score`.
+        sample: drafts are sampled (rejection sampling verifies them) rather than taken greedily.
+        threshold: a model drafter ends its round below this top probability (``assistant_confidence_threshold``).
+    """
+
+    context: List[int]
+    score: Score
+    sample: bool
+    threshold: float = 0.0
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens.
+
+    Attributes:
+        tokens: token ids following the request's context.
+        probs: ``[len(tokens), vocab]`` float32 draft distributions where a model sampled them; ``None`` for
+            deterministic proposals, which count as one-hot distributions in rejection sampling.
+        free: how many of ``tokens`` (at the end) cost no model step.
+    """
+
+    tokens: List[int]
+    probs: Optional[torch.Tensor] = None
+    free: int = 0
+
+
+NO_DRAFT = Draft([])
 
 
 class Drafter(ABC):
-    """Proposes draft tokens for the target to verify."""
+    """Proposes draft tokens for one request at a time (see the module docstring)."""
 
-    #: True when proposals are sampled from a distribution (``probs`` returned).
-    stochastic: bool = False
-    #: True when proposing costs nothing next to a target step (no model runs): the cost model then
-    #: pauses speculation that does not pay instead of switching it off.
-    costless: bool = False
-    #: True when :meth:`start` belongs before the target's prefill (a drafter computing in its own thread
-    #: prefills alongside it); else the decode loop starts the drafter once the first token is out and
-    #: drafting begins, so that a draft model's prefill does not delay the first token.
-    starts_before_prefill: bool = False
+    #: Some of its rounds run a draft model (the policy judges whether they pay).
+    uses_model: bool = False
+
+    def begin(self, request: DraftRequest) -> None:
+        """Start a request; called before the target's prefill."""
+        self.request = request
+
+    @abstractmethod
+    def propose(self, widths: Widths) -> Draft:
+        """At most ``widths.model`` tokens drafted with a model, or ``widths.free`` free ones."""
+
+    def accept(self, n: int) -> None:
+        """The target kept ``n`` tokens of the last draft; the request's context already holds them and the
+        target's own next token."""
+
+    def end(self) -> None:
+        """The request is over; release what :meth:`begin` holds (a worker thread)."""
+
+    def without_model(self) -> Optional["Drafter"]:
+        """What drafts once the policy stops the draft model: the free part of a hybrid, else ``None``."""
+        return None if self.uses_model else self
+
+    def runners(self) -> List[Runner]:
+        """The model runners it computes with."""
+        return []
 
     @property
     def busy_s(self) -> Optional[float]:
-        """Seconds a drafter that computes in its own thread spent on this request; ``None`` when it
-        drafts inside :meth:`propose` (the decode loop then times it)."""
+        """Seconds a drafter computing in its own thread spent on this request; ``None`` where it drafts inside
+        :meth:`propose` (the loop times it)."""
         return None
-
-    @abstractmethod
-    def propose(self, context: List[int], k: int, score: Score, sample: bool, threshold: float = 0.0,
-                costless_k: Optional[int] = None) -> Tuple[List[int], Optional[torch.Tensor]]:
-        """Propose up to ``k`` tokens following ``context``.
-
-        Args:
-            context: every token so far (prompt and generated), ints.
-            k: the most tokens to propose (>= 1).
-            score: processed-scores function, see the module docstring.
-            sample: draw proposals from the processed distribution instead of taking the argmax.
-            threshold: stop when the draft's top probability falls below this (``assistant_confidence_threshold``).
-            costless_k: the most tokens a round may propose where it drafts without a model (the decode loop
-                gives the length the verify costs favour for drafts that cost nothing, at most
-                ``prompt_lookup_num_tokens``; ``None``: ``k``). Only a drafter whose rounds cost differently uses
-                it (a hybrid's lookup rounds); the others draft ``k``.
-
-        Returns:
-            ``(tokens, probs)``: 0..k token ids, and ``[len(tokens), vocab]`` probabilities when
-            sampling with a model drafter, else ``None``.
-        """
-
-    def reset(self) -> None:
-        """Forget per-request state."""
-
-    def start(self, context: List[int], score: Score, sample: bool, threshold: float = 0.0) -> None:
-        """Begin a request at ``context``: the prompt, or, when drafting begins later, the tokens so far but
-        the last, which the first :meth:`propose` feeds (see :attr:`starts_before_prefill`; arguments as for
-        :meth:`propose`); default: :meth:`reset`."""
-        self.reset()
-
-    def stop(self) -> None:
-        """End a request: release what :meth:`start` holds (a worker thread)."""
-
-    def costless_part(self) -> Optional["Drafter"]:
-        """What keeps drafting once the cost model drops the draft model: this drafter if it is
-        costless, the prompt lookup of a hybrid, else ``None``."""
-        return self if self.costless else None
-
-    def last_round_costless(self) -> bool:
-        """Whether the last :meth:`propose` drafted without a model (a hybrid's lookup hit)."""
-        return self.costless
-
-    def extended_tokens(self) -> int:
-        """Tokens at the end of the last :meth:`propose` that a costless continuation added
-        (:meth:`ModelDrafter.propose`'s ``extend``); 0 by default."""
-        return 0
-
-    def mixed_width_runners(self, target: Runner) -> List[Runner]:
-        """The runners whose passes alternate between 1-token steps and wider passes when this drafter drafts
-        for ``target``, to be told so before decoding (:meth:`Runner.expect_mixed_widths`). Default: :meth:`runners`,
-        whose drafting steps fall between the passes that catch up on accepted tokens; the target verifies a draft
-        model's rounds at one padded width (``plugins/xpuspec_openvino/paged.py``)."""
-        return self.runners()
-
-    def runners(self) -> List[Runner]:
-        """The runners this drafter computes with (its draft model's); default: none."""
-        return []
-
-
-def check_count(name: str, value) -> int:
-    """``value`` as an int, where it is an integer (Python's or NumPy's; not a bool) >= 1.
-
-    Raises:
-        SpeculativeConfigError: naming ``name``, for anything else (a float, a string, None).
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise SpeculativeConfigError(f"{name} must be an int >= 1, got {value!r}.")
-    return int(value)
 
 
 class PromptLookupDrafter(Drafter):
     """n-gram prompt lookup (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
 
-    Finds the first occurrence of the context's last n tokens (openvino_genai's choice: the earliest
-    match lies in the prompt, the text being copied), for n from ``max_matching_ngram_size`` down to
-    ``min_matching_ngram_size`` (vLLM's ``prompt_lookup_min``), and proposes the tokens that followed
-    it. Needs no model. On SmolLM2-135M int8 (3 code + 3 prose + 4 edit bench prompts x 64 tokens,
-    two in-process A/B runs) the first match gave 1.54-1.55x plain decoding where the latest match
-    (transformers') gave 1.42x: 269 against 280 target passes on code, where the latest match is often
-    the output's own last lines.
+    Finds the first occurrence of the context's last n tokens, for n from ``max_matching_ngram_size`` down to
+    ``min_matching_ngram_size``, and proposes the tokens that followed it (openvino_genai's choice: the earliest
+    match lies in the prompt, the text being copied). The n-grams are indexed as the context grows, so a lookup
+    costs O(n) whatever the context's length.
+
+    Raises:
+        SpeculativeConfigError: sizes that are not ints >= 1, or a minimum above the maximum.
     """
 
-    costless = True
-
-    def __init__(self, max_matching_ngram_size: int = 2, min_matching_ngram_size: int = 1):
-        max_matching_ngram_size = check_count("max_matching_ngram_size", max_matching_ngram_size)
-        min_matching_ngram_size = check_count("min_matching_ngram_size", min_matching_ngram_size)
-        if min_matching_ngram_size > max_matching_ngram_size:
+    def __init__(self, max_matching_ngram_size: int = 3, min_matching_ngram_size: int = 2):
+        self.max_ngram = check_count("max_matching_ngram_size", max_matching_ngram_size)
+        self.min_ngram = check_count("min_matching_ngram_size", min_matching_ngram_size)
+        if self.min_ngram > self.max_ngram:
             raise SpeculativeConfigError(
-                f"need min_matching_ngram_size <= max_matching_ngram_size, got {min_matching_ngram_size} and "
-                f"{max_matching_ngram_size}: set min_matching_ngram_size to at most max_matching_ngram_size.")
-        self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
+                f"need min_matching_ngram_size <= max_matching_ngram_size, got {self.min_ngram} and {self.max_ngram}: "
+                "set min_matching_ngram_size to at most max_matching_ngram_size.")
+        self._first: Dict[Tuple[int, ...], int] = {}  # n-gram -> where it first starts
+        self._indexed = 0  # context tokens indexed
 
-    def propose(self, context, k, score, sample, threshold=0.0, costless_k=None):
-        return self.lookup(context, k), None
+    def begin(self, request: DraftRequest) -> None:
+        super().begin(request)
+        self._first, self._indexed = {}, 0
 
-    def mixed_width_runners(self, target):
-        return [target]  # rounds without a match are 1-token steps between verify passes
+    def propose(self, widths: Widths) -> Draft:
+        found = self.lookup(self.request.context, widths.free) if widths.free > 0 else []
+        return Draft(found, None, len(found))
 
-    def lookup(self, context: List[int], k: int) -> List[int]:
-        """The continuation of the first match of the longest matching suffix n-gram, or []."""
-        length = len(context)
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            suffix = context[-n:]
-            for start in range(length - n):
-                if context[start:start + n] == suffix:
-                    follow = context[start + n:start + n + k]
-                    if follow:
-                        return follow
+    def lookup(self, prefix: List[int], k: int) -> List[int]:
+        """Up to ``k`` tokens that followed the first earlier occurrence of ``prefix``'s longest matching suffix
+        n-gram, or ``[]``. ``prefix`` is the request's context, possibly followed by tokens drafted after it."""
+        self._index()
+        for n in range(min(self.max_ngram, len(prefix) - 1), self.min_ngram - 1, -1):
+            start = self._first.get(tuple(prefix[-n:]))
+            if start is not None and start + n < len(prefix):
+                return prefix[start + n:start + n + k]
         return []
+
+    def _index(self) -> None:
+        """Index the n-grams that end in the context tokens not indexed yet."""
+        context = self.request.context
+        for end in range(self._indexed + 1, len(context) + 1):
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._first.setdefault(tuple(context[end - n:end]), end - n)
+        self._indexed = len(context)
 
 
 class ModelDrafter(Drafter):
     """A draft model behind a Runner (a small model, or a low-bit copy of the target).
 
-    Its KV cache follows the context by itself: each ``propose`` rolls the draft back to the
-    longest prefix it shares with the context and feeds the rest, so a partial accept needs no
-    separate update call.
+    Its KV cache follows the context by itself: each :meth:`propose` rolls the draft back to the longest prefix it
+    shares with the context and feeds the rest, so it prefills only once drafting begins (after the target's first
+    token). It sees at most ``context_length`` tokens of the prompt's end, and every token after (a truncated view
+    of the context, as MagicDec's StreamingLLM draft cache: Chen et al. 2024): the target verifies every draft, so
+    the output stays exact.
 
-    The draft sees the context from at most ``context_length`` tokens before the point where
-    :meth:`start` (or :meth:`begin`) began the request (positions counted from there), and every token
-    after: its prefill costs that many tokens instead of the whole prompt, and the target's verification
-    keeps the output exact whatever the draft sees (a draft with a truncated view of the context, as
-    MagicDec's StreamingLLM draft cache: Chen et al. 2024, "MagicDec: Breaking the Latency-Throughput
-    Tradeoff for Long Context Generation with Speculative Decoding"). A hybrid's prompt lookup still searches
-    the whole context.
+    Args:
+        runner: the draft model.
+        vocab_size: the target's logit rows, which draft distributions are laid out on.
+        context_length: the most prompt tokens the draft sees (0: all).
+        extension: a lookup tried after each drafted token but the last; where it finds tokens, they end the chain
+            (free, one-hot when sampling: a deterministic function of the drafted prefix) and the model stops there.
     """
 
-    stochastic = True
+    uses_model = True
 
-    def __init__(self, runner: Runner, vocab_size: int, context_length: int = 0):
-        """``vocab_size``: the target's logit rows, which draft distributions are laid out on;
-        ``context_length``: the most tokens of the starting context the draft prefills (0: all)."""
-        self.runner = runner
-        self.vocab_size = vocab_size
-        self.context_length = context_length
+    def __init__(self, runner: Runner, vocab_size: int, context_length: int = 0,
+                 extension: Optional[PromptLookupDrafter] = None):
+        self.runner, self.vocab_size, self.context_length, self.extension = runner, vocab_size, context_length, extension
         self.tokens: List[int] = []  # what the draft's KV cache holds: the context from ``skip`` on
         self.skip = 0  # context tokens the draft does not see this request
-        self.extended = 0  # tokens the last propose took from ``extend``
 
-    def reset(self) -> None:
-        self.runner.reset()
-        self.tokens = []
-        self.skip = 0
-        self.extended = 0
-
-    def extended_tokens(self) -> int:
-        return self.extended
-
-    def runners(self):
+    def runners(self) -> List[Runner]:
         return [self.runner]
 
-    def start(self, context, score, sample, threshold=0.0) -> None:
-        """Reset and prefill the draft with ``context`` now, so that the first round the cost model
-        times is a drafting round and not the draft's prefill."""
-        self.begin(context)
-        self._sync(context)
-
-    def begin(self, context: List[int]) -> None:
-        """Reset for a request starting at ``context``, of which the draft will see the last ``context_length``."""
-        self.reset()
-        if self.context_length:
-            self.skip = max(0, len(context) - self.context_length)
+    def begin(self, request: DraftRequest) -> None:
+        super().begin(request)
+        if self.extension is not None:
+            self.extension.begin(request)
+        self.runner.reset()
+        self.tokens = []
+        self.skip = max(0, len(request.context) - self.context_length) if self.context_length else 0
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits on the target's vocabulary: padded rows cut off, missing rows at -inf."""
         extra = self.vocab_size - logits.shape[-1]
         if extra <= 0:
-            return logits[:, : self.vocab_size]
+            return logits[:, :self.vocab_size]
         return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
 
-    def next_logits(self, context: List[int]) -> torch.Tensor:
-        """The draft's logits after ``context`` on the target's vocabulary, ``[1, vocab]`` float32."""
-        return self._fit(self._sync(context))
+    def next_logits(self, prefix: List[int]) -> torch.Tensor:
+        """The draft's logits after ``prefix`` on the target's vocabulary, ``[1, vocab]`` float32."""
+        return self._fit(self._sync(prefix))
 
-    def _sync(self, context: List[int]) -> torch.Tensor:
-        """Bring the draft cache to ``context`` (from ``skip`` on); return the raw logits after it, ``[1, vocab]``."""
-        context = context[self.skip:]
+    def _sync(self, prefix: List[int]) -> torch.Tensor:
+        """Bring the draft cache to ``prefix`` (from ``skip`` on); the raw logits after it, ``[1, vocab]``."""
+        seen = prefix[self.skip:]
         common = 0
-        for a, b in zip(self.tokens, context):
+        for a, b in zip(self.tokens, seen):
             if a != b:
                 break
             common += 1
-        common = min(common, len(context) - 1)  # always feed at least the last token
+        common = min(common, len(seen) - 1)  # always feed at least the last token
         self.runner.rollback(self.runner.length - common)
-        logits = self.runner.forward(context[common:], logits_to_keep=1)
-        self.tokens = list(context)
+        logits = self.runner.forward(seen[common:], logits_to_keep=1, exact=False)
+        self.tokens = list(seen)
         return logits
 
-    def propose(self, context, k, score, sample, threshold=0.0, costless_k=None, extend: Optional[Extension] = None):
-        """As :meth:`Drafter.propose`, and:
-
-        Args:
-            extend: a costless continuation, ``extend(prefix, n) -> up to n tokens`` (a hybrid's prompt
-                lookup), tried after each drafted token but the last: where it finds tokens, they end the
-                chain and the draft model stops there. When sampling they count as one-hot distributions
-                (a deterministic function of the drafted prefix, so rejection sampling stays exact).
-        """
-        logits = self._sync(context)
-        prefix = list(context)
-        tokens, probs = [], []
-        need_probs = sample or threshold > 0
-        self.extended = 0
+    def propose(self, widths: Widths) -> Draft:
+        k, request = widths.model, self.request
+        if k <= 0:
+            return NO_DRAFT
+        prefix = list(request.context)
+        logits = self._sync(prefix)
+        tokens, probs, free = [], [], 0
+        need_probs = request.sample or request.threshold > 0
         for i in range(k):
-            scored = score(prefix, self._fit(logits))
+            scored = request.score(prefix, self._fit(logits))
             if need_probs:
                 if not bool(torch.isfinite(scored).any()):  # every token the draft scores is masked (a cut head)
                     break
                 p = torch.softmax(scored, dim=-1)[0]
-                token = int(torch.multinomial(p, 1)) if sample else int(p.argmax())
-                if threshold > 0 and tokens and float(p.max()) < threshold:
+                token = int(torch.multinomial(p, 1)) if request.sample else int(p.argmax())
+                if request.threshold > 0 and tokens and float(p.max()) < request.threshold:
                     break
                 probs.append(p)
             else:
                 token = int(scored.argmax())
             tokens.append(token)
             prefix.append(token)
-            found = extend(prefix, k - len(tokens)) if extend is not None and i + 1 < k else []
+            found = self.extension.lookup(prefix, k - len(tokens)) if self.extension is not None and i + 1 < k else []
             if found:
                 tokens += found
-                self.extended = len(found)
-                if need_probs:
-                    probs += [torch.nn.functional.one_hot(torch.tensor(t), self.vocab_size).float() for t in found]
+                free = len(found)
+                probs += [torch.nn.functional.one_hot(torch.tensor(t), self.vocab_size).float() for t in found]
                 break
             if i + 1 < k:
-                logits = self.runner.forward([token])[-1:]
+                logits = self.runner.forward([token], exact=False)[-1:]
                 self.tokens.append(token)
-        return tokens, (torch.stack(probs) if sample and probs else None)
+        return Draft(tokens, torch.stack(probs) if request.sample and probs else None, free)
 
 
 class HybridDrafter(Drafter):
-    """Prompt lookup when an n-gram matches, else the draft model, whose chain ends with prompt lookup's
-    continuation as soon as its drafts so far make a match of the longest n-gram size
-    (``max_matching_ngram_size``, 3 by default; :meth:`ModelDrafter.propose`'s ``extend``; an overlapped draft
-    model drafted its tokens ahead and is not cut). On the Qwen2.5-Coder 1.5B target with its 0.5B int4 draft
-    (3 code + 3 prose + 2 edit prompts x 32 tokens x 3, in-process A/B of three arms, identical outputs) this made
-    20.9 tok/s against 19.8 without it (code 20.6 against 18.6: the draft model stops early, fewer draft steps;
-    prose 15.5 against 15.2; edit 45.8 against 43.8); ending the chain at matches of 2 tokens made 20.2
-    (more target passes: 86 against 79 on code, 36 against 33 on edit). ``lookup`` itself matches only its
-    longest n-gram by default, for the same reason (:class:`~xpuspec.speculative.config.SpeculativeConfig`'s
-    ``min_matching_ngram_size``), and its rounds may be longer than the model's (``costless_k``)."""
+    """Prompt lookup where an n-gram matches (a free round of up to ``widths.free`` tokens), else the draft model.
 
-    stochastic = True
+    Args:
+        lookup: the lookup tried first each round.
+        model: the draft model's drafter (its chain may end with a lookup, :class:`ModelDrafter`'s ``extension``).
+        fallback: the lookup that drafts alone once the policy stops the draft model (default ``lookup``).
+    """
+
+    uses_model = True
 
     def __init__(self, lookup: PromptLookupDrafter, model: Drafter, fallback: Optional[PromptLookupDrafter] = None):
-        """``fallback``: the prompt lookup that goes on alone once the cost model drops the draft model
-        (default ``lookup``)."""
         self.lookup, self.model, self.fallback = lookup, model, fallback or lookup
-        self.extension = PromptLookupDrafter(lookup.max_ngram, lookup.max_ngram)
-        self._looked_up = False
 
-    @property
-    def starts_before_prefill(self) -> bool:
-        return self.model.starts_before_prefill  # an overlapped draft model prefills beside the target
+    def begin(self, request: DraftRequest) -> None:
+        super().begin(request)
+        for part in {id(p): p for p in (self.lookup, self.model, self.fallback)}.values():
+            part.begin(request)
 
-    def reset(self) -> None:
-        self.model.reset()
-        self._looked_up = False
+    def propose(self, widths: Widths) -> Draft:
+        draft = self.lookup.propose(widths)
+        return draft if draft.tokens else self.model.propose(widths)
+
+    def end(self) -> None:
+        self.model.end()
+
+    def without_model(self) -> Drafter:
+        return self.fallback
+
+    def runners(self) -> List[Runner]:
+        return self.model.runners()
 
     @property
     def busy_s(self) -> Optional[float]:
         return self.model.busy_s
-
-    def start(self, context, score, sample, threshold=0.0) -> None:
-        self.model.start(context, score, sample, threshold)
-
-    def stop(self) -> None:
-        self.model.stop()
-
-    def costless_part(self) -> Drafter:
-        return self.fallback
-
-    def runners(self):
-        return self.model.runners()
-
-    def last_round_costless(self) -> bool:
-        return self._looked_up
-
-    def extended_tokens(self) -> int:
-        return 0 if self._looked_up else self.model.extended_tokens()
-
-    def propose(self, context, k, score, sample, threshold=0.0, costless_k=None):
-        """As :meth:`Drafter.propose`: a lookup round proposes up to ``costless_k``, a model round up to ``k``."""
-        found = self.lookup.lookup(context, k if costless_k is None else costless_k)
-        self._looked_up = bool(found)
-        if found:
-            return found, None
-        if isinstance(self.model, ModelDrafter):
-            return self.model.propose(context, k, score, sample, threshold, extend=self.extension.lookup)
-        return self.model.propose(context, k, score, sample, threshold)

@@ -26,7 +26,8 @@ from typing import List, Optional
 
 import torch
 
-from .drafters import Drafter, ModelDrafter
+from .drafters import NO_DRAFT, Draft, Drafter, DraftRequest, ModelDrafter
+from .policy import Widths
 
 #: Tokens the worker drafts beyond the confirmed context before it waits for the target.
 MAX_AHEAD = 8
@@ -43,8 +44,7 @@ class OverlappedDrafter(Drafter):
         RuntimeError: the worker thread failed (its exception is chained).
     """
 
-    stochastic = True
-    starts_before_prefill = True  # its worker prefills the draft while the target prefills
+    uses_model = True
 
     def __init__(self, model: ModelDrafter, max_ahead: int = MAX_AHEAD):
         if max_ahead < 1:
@@ -68,15 +68,17 @@ class OverlappedDrafter(Drafter):
     def busy_s(self) -> float:
         return self._busy_s
 
-    def start(self, context, score, sample, threshold=0.0) -> None:
-        """Start drafting after ``context`` (the prompt) at once, overlapping the target's prefill."""
-        self.stop()
-        self.model.begin(context)
-        self._init_state(context)
-        self._thread = threading.Thread(target=self._work, args=(score, sample), name="xpuspec-draft", daemon=True)
+    def begin(self, request: DraftRequest) -> None:
+        """Start drafting after the prompt at once, overlapping the target's prefill."""
+        self.end()
+        super().begin(request)
+        self.model.begin(request)
+        self._init_state(request.context)
+        self._thread = threading.Thread(target=self._work, args=(request.score, request.sample), name="xpuspec-draft",
+                                        daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def end(self) -> None:
         """Stop the worker thread and wait for it."""
         if self._thread is None:
             return
@@ -86,31 +88,23 @@ class OverlappedDrafter(Drafter):
         self._thread.join()
         self._thread = None
 
-    def reset(self) -> None:
-        self.stop()
-        self.model.reset()
-        self._init_state([])
-
     def runners(self):
         return self.model.runners()
 
-    def propose(self, context, k, score, sample, threshold=0.0, costless_k=None):
-        """Up to ``k`` tokens the worker drafted after ``context``; waits for the first one.
-
-        ``context`` must extend the context of the previous call (the decode loop's contract).
-        """
-        if self._thread is None:
-            self.start(context, score, sample, threshold)
+    def propose(self, widths: Widths) -> Draft:
+        """Up to ``widths.model`` tokens the worker drafted after the context; waits for the first one."""
+        if widths.model <= 0:
+            return NO_DRAFT
         with self._cond:
-            self._follow(context)
+            self._follow(self.request.context)
             self._cond.notify_all()
             while not self._ahead and self._error is None and not self._stopping:
                 self._cond.wait()
             if self._error is not None:
                 raise RuntimeError("The overlapped draft worker failed; see the chained exception.") from self._error
-            tokens = self._ahead[:k]
-            probs = torch.stack(self._probs[:len(tokens)]) if sample else None
-        return tokens, probs
+            tokens = self._ahead[:widths.model]
+            probs = torch.stack(self._probs[:len(tokens)]) if self.request.sample else None
+        return Draft(tokens, probs)
 
     def _follow(self, context: List[int]) -> None:
         """Keep the drafted-ahead tokens that ``context`` confirmed; restart after a mismatch."""

@@ -1,13 +1,15 @@
 """Pairing a draft with a target: the vocabulary check, and building the drafter for a request."""
 
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
-from ..decode import DraftSchedule
 from ..errors import DraftMismatchError
+from ..runner import Runner
 from .config import SpeculativeConfig
-from .drafters import (DEFAULT_DRAFT_CONTEXT_LENGTH, DEFAULT_LOOKUP_TOKENS, HybridDrafter, ModelDrafter,
-                       PromptLookupDrafter, check_count)
+from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, Drafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from .overlap import OverlappedDrafter
+from .schedule import DEFAULT_LOOKUP_TOKENS, DraftSchedule, check_count
 
 
 @lru_cache(maxsize=16)
@@ -47,10 +49,35 @@ def check_draft(target, draft) -> None:
             )
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The drafter of one ``generate`` call and how it drafts.
+
+    Attributes:
+        drafter: the drafter.
+        schedule: its draft lengths.
+        kind: the drafter's kind (``"lookup"``, ``"draft"``, ``"hybrid"``), which with ``draft_runner`` names its
+            policy (:class:`xpuspec.speculative.policy.PolicyBook`).
+        draft_runner: the draft model's runner, or ``None``.
+        name: how log lines name the draft model.
+    """
+
+    drafter: Drafter
+    schedule: DraftSchedule
+    kind: str
+    draft_runner: Optional[Runner] = None
+    name: str = "prompt lookup"
+
+    def without_model(self) -> Optional["Plan"]:
+        """This plan with the draft model left out (a hybrid keeps its prompt lookup), or ``None``."""
+        free = self.drafter.without_model()
+        return None if free is None else Plan(free, self.schedule.for_lookup(), "lookup")
+
+
 def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_lookup_num_tokens=None,
                      num_assistant_tokens=None, num_assistant_tokens_schedule=None,
-                     assistant_confidence_threshold=None):
-    """The drafter and draft schedule for one ``generate`` call: ``(drafter or None, DraftSchedule)``.
+                     assistant_confidence_threshold=None) -> Optional[Plan]:
+    """The drafter and draft schedule for one ``generate`` call, or ``None`` for plain decoding.
 
     ``generate``'s arguments take precedence over the model's :class:`SpeculativeConfig` ``spec``;
     ``assistant_model`` with ``prompt_lookup_num_tokens`` makes a hybrid drafter. ``enabled=False``
@@ -66,17 +93,21 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
         prompt_lookup_num_tokens = check_count("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
     base = spec or SpeculativeConfig()
     lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode == "prompt_lookup" else None
-    drafter = _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens) if enabled else None
+    made = _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens) if enabled else None
+    if made is None:
+        return None
+    drafter, kind, draft = made
     schedule = DraftSchedule(
-        num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
-                                    base.draft_length),
+        num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k, base.draft_length),
         schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule,
-                        "constant" if isinstance(drafter, PromptLookupDrafter) else "heuristic"),
+                        "constant" if kind == "lookup" else "heuristic"),
         confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
         cost_model=base.cost_model,
         lookup_tokens=_first(prompt_lookup_num_tokens, base.prompt_lookup_num_tokens, DEFAULT_LOOKUP_TOKENS),
     )
-    return drafter, schedule
+    if draft is None:
+        return Plan(drafter, schedule, kind)
+    return Plan(drafter, schedule, kind, draft.runner, f"draft model {draft.name_or_path}")
 
 
 def _first(*values):
@@ -84,36 +115,41 @@ def _first(*values):
 
 
 def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
-    """``base``: ``spec``, or the default :class:`SpeculativeConfig` when ``spec`` is ``None``."""
+    """``(drafter, kind, draft model or None)``, or ``None`` for no speculation; ``base``: ``spec``, or the default
+    :class:`SpeculativeConfig` when ``spec`` is ``None``."""
 
     def lookup(hybrid=False):
         return PromptLookupDrafter(base.max_matching_ngram_size, base.shortest_ngram(hybrid))
 
-    def hybrid(model):
-        return HybridDrafter(lookup(hybrid=True), model, fallback=lookup())
+    def hybrid(draft):
+        first = lookup(hybrid=True)
+        extension = first if first.min_ngram == first.max_ngram else PromptLookupDrafter(first.max_ngram, first.max_ngram)
+        return HybridDrafter(first, _model_drafter(target, draft, spec, extension), fallback=lookup()), "hybrid", draft
 
     if assistant_model is not None:
         check_draft(target, assistant_model)
-        model = _model_drafter(target, assistant_model, spec)
-        return hybrid(model) if prompt_lookup_num_tokens else model
-    if prompt_lookup_num_tokens:
-        return lookup()
+        if prompt_lookup_num_tokens:
+            return hybrid(assistant_model)
+        return _model_drafter(target, assistant_model, spec), "draft", assistant_model
+    if prompt_lookup_num_tokens or (spec is not None and spec.mode == "prompt_lookup"):
+        return lookup(), "lookup", None
     if spec is None:
         return None
-    if spec.mode == "prompt_lookup":
-        return lookup()
-    model = _model_drafter(target, target.draft_model, spec)
-    return hybrid(model) if spec.mode == "hybrid" else model
+    if spec.mode == "hybrid":
+        return hybrid(target.draft_model)
+    return _model_drafter(target, target.draft_model, spec), spec.mode, target.draft_model
 
 
-def _model_drafter(target, draft, spec):
-    """The draft model's drafter, overlapped with verification when ``spec.overlap`` says so or,
-    by default, when the draft runs on a device that none of the target's stages uses."""
-    if draft.runner is not target.runner:  # a draft's 1-token passes need not compute as its wider ones
-        draft.runner.single_step_width = 1
+def _model_drafter(target, draft, spec, extension=None):
+    """The draft model's drafter, overlapped with verification when ``spec.overlap`` says so or, by default,
+    when the draft runs on a device that none of the target's stages uses (an overlapped draft drafts ahead,
+    so its chain is not ended by a lookup)."""
     model = ModelDrafter(draft.runner, target.runner.vocab_size,
                          DEFAULT_DRAFT_CONTEXT_LENGTH if spec is None else spec.draft_context)
     overlap = spec.overlap if spec is not None else None
     if overlap is None:
         overlap = set(draft.runner.device.split(",")).isdisjoint(target.runner.device.split(","))
-    return OverlappedDrafter(model) if overlap else model
+    if overlap:
+        return OverlappedDrafter(model)
+    model.extension = extension
+    return model

@@ -1,0 +1,160 @@
+"""Whether a compiled model's 1-token pass computes bit for bit like its wider passes.
+
+Speculative decoding is exact only if the logits a verify pass gives for a position equal the logits a plain
+step gives there. OpenVINO's CPU plugin picks kernels by input length: on CPUs with AVX512-VNNI or AMX it
+quantizes the activations of INT8/INT4 layers on the fly (``DYNAMIC_QUANTIZATION_GROUP_SIZE``), and a 1-token
+pass takes another kernel than a wider one, with logit differences up to about 1 at some positions; elsewhere
+the two differ only in accumulation order (about 1e-4). Passes of 2 or more tokens agree among themselves.
+
+So this module decides by measurement, at tolerance 0: it feeds real text (the calibration text, tokenized with
+the IR folder's own tokenizer) and compares two 1-token passes with one 2-token pass at several positions. Where
+any logit differs, the runner runs its 1-token passes as 2-token ones (:attr:`xpuspec.runner.Runner` traits), so
+every pass a greedy request makes, plain or speculative, computes alike. The verdict is cached per IR, device,
+OpenVINO version and compile properties: it is a property of the compiled model on this CPU.
+"""
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, List, Sequence
+
+import torch
+
+from xpuspec.cache import cache_root, digest, folder_fingerprint
+
+log = logging.getLogger("xpuspec")
+
+#: Context lengths at which 1-token and 2-token passes are compared (short, mid and longer contexts).
+PROBE_POSITIONS = (6, 23, 47)
+#: The widest pass compared with the 2-token pass, to report whether wide passes agree among themselves.
+WIDEST_COMPARED = 8
+#: Bumped when the probe changes, so that cached verdicts of an older probe are not reused.
+PROBE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class StepNumerics:
+    """What the probe found.
+
+    Attributes:
+        single_step_width: 2 where a 1-token pass differs from a 2-token pass in any logit, else 1.
+        one_vs_two: largest absolute logit difference between 1-token and 2-token passes.
+        two_vs_wide: largest absolute logit difference between a 2-token pass and the first two rows of a
+            :data:`WIDEST_COMPARED`-token pass over the same tokens (0 where wide passes agree bit for bit).
+    """
+
+    single_step_width: int
+    one_vs_two: float
+    two_vs_wide: float
+
+
+Pass = Callable[[Sequence[int]], torch.Tensor]
+
+
+def probe(run: Pass, rollback: Callable[[int], None], reset: Callable[[], None], tokens: List[int]) -> StepNumerics:
+    """Compare pass widths on ``tokens`` (at least ``max(PROBE_POSITIONS) + WIDEST_COMPARED`` of real text).
+
+    Args:
+        run: one inference over the given tokens, appended to the KV cache; returns ``[n, vocab]`` logits.
+        rollback, reset: drop the last n tokens, empty the cache.
+        tokens: token ids of real text.
+
+    Returns:
+        the :class:`StepNumerics`; the cache is left empty.
+    """
+    one_vs_two = two_vs_wide = 0.0
+    for at in PROBE_POSITIONS:
+        reset()
+        run(tokens[:at])
+        two = run(tokens[at:at + 2])
+        rollback(2)
+        ones = torch.cat([run(tokens[at:at + 1]), run(tokens[at + 1:at + 2])])
+        rollback(2)
+        wide = run(tokens[at:at + WIDEST_COMPARED])[:2]
+        rollback(WIDEST_COMPARED)
+        one_vs_two = max(one_vs_two, _largest_difference(two, ones))
+        two_vs_wide = max(two_vs_wide, _largest_difference(two, wide))
+    reset()
+    return StepNumerics(2 if one_vs_two > 0 else 1, one_vs_two, two_vs_wide)
+
+
+def _largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference; equal infinities (a cut head's ``-inf``) count as equal."""
+    same = (a == b) | (a.isnan() & b.isnan())
+    return 0.0 if bool(same.all()) else float((a - b)[~same].abs().nan_to_num(float("inf")).max())
+
+
+def probe_tokens(folder: Path, vocab_size: int) -> List[int]:
+    """Real text as token ids: the calibration text through the folder's ``tokenizer.json`` (repeated to the
+    length the probe needs), else ids spread over the vocabulary."""
+    from .ir import CALIBRATION_TEXT
+
+    need = max(PROBE_POSITIONS) + WIDEST_COMPARED
+    path = Path(folder) / "tokenizer.json"
+    ids: List[int] = []
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        ids = [i for i in Tokenizer.from_file(str(path)).encode("\n".join(CALIBRATION_TEXT)).ids if i < vocab_size]
+    if not ids:
+        ids = [(7919 * i + 13) % vocab_size for i in range(need)]
+    return (ids * (need // len(ids) + 1))[:need]
+
+
+def device_identity(core, device: str, is_cpu: bool) -> dict:
+    """What identifies the kernels a compiled model gets on OpenVINO ``device`` (an OpenVINO device name): the
+    OpenVINO version, the device's full name and capabilities, and on a CPU its instruction-set flags (CPUs of
+    one name differ in AVX-512, VNNI and AMX)."""
+    import openvino as ov
+
+    identity = {"openvino": ov.__version__}
+    for key in ("FULL_DEVICE_NAME", "OPTIMIZATION_CAPABILITIES"):
+        try:
+            identity[key] = str(core.get_property(device, key))
+        except RuntimeError:  # a plugin without the property
+            continue
+    if is_cpu:
+        identity["cpu_flags"] = _cpu_flags()
+    return identity
+
+
+def _cpu_flags() -> str:
+    """The instruction-set flags of this machine's first CPU (``/proc/cpuinfo``), or ``""`` where unreadable."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return ""
+
+
+def cached_probe(folder: Path, device_identity: dict, config: dict, measure: Callable[[], StepNumerics]) -> StepNumerics:
+    """``measure()``'s verdict for this IR folder on this device and compile properties, cached on disk.
+
+    Args:
+        folder: the IR folder (its file names, sizes and times identify it).
+        device_identity: what identifies the device's kernels (OpenVINO version, full device name, capabilities).
+        config: the compile properties.
+        measure: runs :func:`probe` (only where nothing is cached).
+    """
+    key = digest(PROBE_VERSION, folder_fingerprint(folder), device_identity, config)
+    path = cache_root() / "numerics" / f"{key}.json"
+    try:
+        return StepNumerics(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    found = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(found)))
+    tmp.replace(path)
+    if found.single_step_width > 1:
+        log.info("%s: a 1-token pass computes differently from wider ones on this device (logits differ by up to "
+                 "%.2g); 1-token passes run 2 wide so that speculative and plain output are the same",
+                 Path(folder).name, found.one_vs_two)
+    if found.two_vs_wide > 0:
+        log.warning("%s: passes of 2 and %d tokens differ by up to %.2g on this device; greedy speculative output "
+                    "may part from plain output at near-ties", Path(folder).name, WIDEST_COMPARED, found.two_vs_wide)
+    return found

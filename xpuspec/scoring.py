@@ -1,0 +1,74 @@
+"""Processed scores: the logits a request decides by, after transformers' logits processors.
+
+A :class:`Scorer` turns raw logits into processed scores at a prefix, for a draft token (``scorer(prefix, logits)``)
+and for the rows of a verify pass (:meth:`Scorer.rows`), so that draft and target distributions are built alike.
+"""
+
+from typing import List, Sequence
+
+import torch
+from transformers import GenerationConfig
+
+from .generation import eos_ids, logits_processor, min_new_tokens
+
+#: Logits processors whose only effect a greedy request can apply without their tensor work (the length rules).
+LENGTH_RULES = ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")
+
+
+class Scorer:
+    """transformers' processors for ``config`` at a request of ``prompt_len`` prompt tokens."""
+
+    def __init__(self, config: GenerationConfig, prompt_len: int):
+        self.processors = logits_processor(config, prompt_len)
+
+    @property
+    def only_length_rules(self) -> bool:
+        return all(type(p).__name__ in LENGTH_RULES for p in self.processors)
+
+    def __call__(self, prefix: List[int], logits: torch.Tensor) -> torch.Tensor:
+        """Scores ``[1, vocab]`` of the token after ``prefix`` (ids), from raw ``logits`` ``[1, vocab]``."""
+        return self.processors(torch.tensor([prefix]), logits)
+
+    def rows(self, context: List[int], drafts: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
+        """Scores ``[len(drafts) + 1, vocab]`` of a verify pass: row i scores the token after
+        ``context + drafts[:i]``."""
+        ids = torch.tensor([list(context) + list(drafts)])
+        end = len(context)
+        return torch.cat([self.processors(ids[:, :end + i], rows[i:i + 1]) for i in range(len(drafts) + 1)])
+
+
+class LengthRuleScorer(Scorer):
+    """Greedy scores whose only processors are the length rules: EOS at -inf below the minimum length, as
+    transformers' ``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor`` do, without their
+    per-step tensor work."""
+
+    def __init__(self, config: GenerationConfig, prompt_len: int):
+        super().__init__(config, prompt_len)
+        self.minimum = prompt_len + min_new_tokens(config, prompt_len)
+        self.eos = eos_ids(config)
+
+    def _masked(self, length: int, logits: torch.Tensor) -> torch.Tensor:
+        if length >= self.minimum:
+            return logits
+        eos = [e for e in self.eos if 0 <= e < logits.shape[-1]]  # as isin: ids off the vocabulary mask nothing
+        if not eos:
+            return logits
+        masked = logits.clone()
+        masked[:, eos] = float("-inf")
+        return masked
+
+    def __call__(self, prefix, logits):
+        return self._masked(len(prefix), logits)
+
+    def rows(self, context, drafts, rows):
+        if len(context) >= self.minimum:
+            return rows
+        return torch.cat([self._masked(len(context) + i, rows[i:i + 1]) for i in range(len(drafts) + 1)])
+
+
+def scorer_for(config: GenerationConfig, prompt_len: int) -> Scorer:
+    """The cheapest :class:`Scorer` that computes what transformers' processors would for ``config``."""
+    plain = Scorer(config, prompt_len)
+    if not config.do_sample and plain.only_length_rules:
+        return LengthRuleScorer(config, prompt_len)
+    return plain

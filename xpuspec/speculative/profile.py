@@ -1,0 +1,102 @@
+"""What a target's passes cost by width: a profile measured once per compiled model, read as medians.
+
+Speculative decoding pays when the tokens a round yields outweigh what its passes cost. A w-token verify pass
+costs neither w plain steps nor one, and the ratio differs between models and CPUs, so the policy reads it from
+a measured profile (:class:`CostProfile`) instead of assuming it. The profile is a sweep: each width in
+:data:`SWEEP_WIDTHS` is timed :data:`SWEEP_ROUNDS` times in a row, after one untimed pass (the first pass at a new
+width pays the backend's re-preparation, which a decode loop that keeps one verify width pays once); its cost is
+the median. The median leaves a single slow pass out, and the sweep is short, so the ratios between widths, which
+are all the policy uses, hold on a busy machine. Widths between the measured ones are interpolated linearly.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
+
+#: Widths the sweep times; the others are interpolated.
+SWEEP_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+#: Timed rounds per width (their median counts).
+SWEEP_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Median seconds of a target pass by width.
+
+    Attributes:
+        seconds: ``{width: seconds}`` for the measured widths (1 among them).
+        context: tokens in the KV cache when it was measured.
+    """
+
+    seconds: Dict[int, float]
+    context: int
+
+    @property
+    def widest(self) -> int:
+        return max(self.seconds)
+
+    def pass_s(self, width: int) -> float:
+        """Seconds of a ``width``-token pass (>= 1): measured, interpolated between measured widths, or extended
+        past the widest at the slope of the two widest."""
+        if width in self.seconds:
+            return self.seconds[width]
+        known = sorted(self.seconds)
+        if len(known) == 1:
+            return self.seconds[known[0]]
+        below = max((w for w in known if w < width), default=known[0])
+        above = min((w for w in known if w > width), default=None)
+        if above is None:  # past the widest: the slope of the last two
+            below, above = known[-2], known[-1]
+        slope = (self.seconds[above] - self.seconds[below]) / (above - below)
+        return max(self.seconds[below] + slope * (width - below), self.seconds[known[0]])
+
+
+def measure_profile(target, token: int, widest: int = SWEEP_WIDTHS[-1], clock=time.perf_counter) -> CostProfile:
+    """Sweep ``target`` (a Runner, after its prefill) over the widths of :data:`SWEEP_WIDTHS` up to ``widest``.
+
+    Every pass is rolled back, so the KV cache ends as it began.
+
+    Args:
+        target: the target Runner.
+        token: the token id fed ``w`` times (its logits are not used).
+        widest: the widest pass to time (>= 1).
+        clock: seconds now (a test passes its own).
+    """
+    widths = [w for w in SWEEP_WIDTHS if w <= widest] or [1]
+    timed = {w: [] for w in widths}
+    for w in widths:
+        for round_ in range(1 + SWEEP_ROUNDS):
+            t0 = clock()
+            target.forward([token] * w)
+            elapsed = clock() - t0
+            target.rollback(w)
+            if round_:  # the first pass prepares the width
+                timed[w].append(elapsed)
+    return CostProfile({w: statistics.median(s) for w, s in timed.items()}, target.length)
+
+
+def round_costs(profile: CostProfile, longest: int, pad_to: int = 0) -> Sequence[float]:
+    """``[C(1), ..., C(longest)]``: seconds of a round's pass of each width 1..``longest``, where a pass of 2 or
+    more tokens is padded to ``pad_to`` (a backend that keeps one verify width; 0: no padding)."""
+    return [profile.pass_s(w if w == 1 else max(w, pad_to)) for w in range(1, longest + 1)]
+
+
+@dataclass
+class TargetCosts:
+    """The measured costs of one target, kept on the loaded model across requests.
+
+    Attributes:
+        profile: the target's :class:`CostProfile`, once a speculative request measured it.
+        native_step_s: seconds per token of the target's native engine, once it decoded a request.
+    """
+
+    profile: Optional[CostProfile] = None
+    native_step_s: Optional[float] = None
+
+    def hand_over_pays(self, remaining: int, context: int) -> bool:
+        """Whether the native engine would finish ``remaining`` tokens sooner than the loop's plain steps, having
+        to prefill the ``context`` again; ``False`` while either cost is unmeasured."""
+        if self.profile is None or self.native_step_s is None:
+            return False
+        return remaining * (self.profile.pass_s(1) - self.native_step_s) > self.profile.pass_s(context)
