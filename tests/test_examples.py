@@ -1,5 +1,7 @@
-"""The examples run, and the drop-in example prints what transformers prints."""
+"""The examples run on SmolLM2: the drop-in one prints what transformers prints, the speculative one the plain
+greedy text, and the export one the same text from openvino_genai and xpuspec."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +25,28 @@ def test_drop_in_prints_what_transformers_prints(smollm2_path, tmp_path):
     theirs = _run(plain, smollm2_path)
     assert ours == theirs
     assert ours.startswith("def fibonacci(n):") and "return" in ours
+
+
+def _load_example(name: str):
+    """The example module (its ``main`` does not run on import)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_speculative_example_prints_the_plain_greedy_text(ov_int8, tokenizer):
+    example = _load_example("speculative")
+    out = _run(EXAMPLES / "speculative.py", "--mode", "prompt_lookup", "--max-new-tokens", 24)
+    inputs = tokenizer(example.PROMPT, return_tensors="pt")
+    plain = ov_int8.generate(**inputs, max_new_tokens=24, do_sample=False)  # this process, no speculation
+    text = tokenizer.decode(plain[0, inputs.input_ids.shape[1]:], skip_special_tokens=True)
+    assert f"speculative: {text!r}\n" in out and f"plain:       {text!r}\n" in out
+    assert "identical to plain greedy: True" in out and "drafted" in out
+
+
+def test_export_and_genai_example_gives_one_text(smollm2_path, tmp_path):
+    out = _run(EXAMPLES / "export_and_genai.py", "--output", tmp_path / "smollm2-int8", "--max-new-tokens", 16)
+    assert (tmp_path / "smollm2-int8" / "openvino_model.xml").is_file()
+    genai = next(line for line in out.splitlines() if line.startswith("openvino_genai:"))
+    assert "identical: True" in out and len(genai) > len("openvino_genai: ''")

@@ -54,22 +54,22 @@ def _kind(device: str) -> str:
 def compile_config(device: str, user_config: Optional[dict] = None, paged: bool = False) -> dict:
     """OpenVINO compile properties for ``device``, overridden by ``user_config`` (optimum-intel's ``ov_config``).
 
-    CPU uses an f32 KV cache: with the default u8 cache a k-token verify pass differs from
-    single-token decoding at near-ties (measured, ../shared/OPENVINO-NOTES.md), at no
-    measurable speed cost for f32 at this size. It also computes in f32
-    (``INFERENCE_PRECISION_HINT``): on CPUs with AVX512-BF16 or AMX the plugin's default is bf16,
-    whose paged attention refuses an f32 KV cache, and on such a CPU (Xeon with AMX, SmolLM2-135M
-    int8_asym, context 300, median of 6) f32 was also the faster: 10.6-12.6 ms a 1-token step and
-    14.4-14.7 ms a 6-token pass, against 15.3-15.5 and 21.9-22.1 ms in bf16 with a bf16 cache. On
-    AVX2-only CPUs f32 is the default already. On CPUs with AVX512-VNNI or AMX the plugin quantizes
-    activations on the fly, and a 1-token pass then computes differently from wider ones: the paged
-    runner (``paged``) pads its 1-token passes (:mod:`.paged`); the stateful model, whose padding
-    would cost dead KV slots, runs without dynamic quantization (``DYNAMIC_QUANTIZATION_GROUP_SIZE=0``;
-    its 1-token and wider passes then agree within 1e-4). With a second CPU device registered
-    (``$XPUSPEC_CPU_ALIASES``) CPU pinning is off: both plugin instances would pin their threads to
-    the same cores (measured on the Qwen2.5 1.5B/0.5B pair with one thread each: a target step
-    took 262 ms alone and 495 ms beside the running draft when pinned, 277 ms unpinned). GPU and
-    NPU cache compiled blobs.
+    Every device: ``PERFORMANCE_HINT=LATENCY`` (batch size 1). CPU:
+
+    - ``KV_CACHE_PRECISION=f32``: with the default u8 cache a k-token verify pass differs from
+      single-token decoding at near-ties; with f32 they agree within about 1e-4.
+    - ``INFERENCE_PRECISION_HINT=f32``: the bf16 default of CPUs with AVX512-BF16 or AMX refuses an
+      f32 KV cache in paged attention.
+    - Dynamic quantization (the default on CPUs with AVX512-VNNI or AMX) stays on for the paged runner
+      (``paged``), which pads its 1-token passes where they compute differently from wider ones
+      (:mod:`.paged`); the stateful model, whose padding would cost dead KV slots, runs with
+      ``DYNAMIC_QUANTIZATION_GROUP_SIZE=0``.
+    - ``ENABLE_CPU_PINNING=False`` while a second CPU device is registered (``$XPUSPEC_CPU_ALIASES``):
+      each plugin instance would pin its threads to the same cores.
+
+    GPU and NPU cache their compiled blobs under the cache folder; the NPU runs NPUW's LLM pipeline with
+    :data:`NPU_MAX_PROMPT_LEN` and :data:`NPU_MIN_RESPONSE_LEN`. The measurements behind these settings:
+    ``benchmarks/results/HISTORY.md`` ("Measurements that stood in docstrings").
     """
     kind = _kind(device)
     config = {"PERFORMANCE_HINT": "LATENCY"}
@@ -78,8 +78,8 @@ def compile_config(device: str, user_config: Optional[dict] = None, paged: bool 
         config["INFERENCE_PRECISION_HINT"] = "f32"
         if not paged:
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
-        if cpu_aliases():  # each CPU plugin instance pins its threads from core 0, onto the same cores:
-            config["ENABLE_CPU_PINNING"] = False  # (see the docstring)
+        if cpu_aliases():  # each CPU plugin instance would pin its threads to the same cores
+            config["ENABLE_CPU_PINNING"] = False
     else:
         config["CACHE_DIR"] = str(cache_root() / "ov_compiled")
     if kind == "npu":

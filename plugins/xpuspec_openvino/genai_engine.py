@@ -1,12 +1,11 @@
 """Plain greedy decoding through ``openvino_genai.LLMPipeline``, on the same IR and device as the runner.
 
-xpuspec's Python loop around the same compiled model measured 30.5 ms per token against
-openvino_genai's 25.7 ms with the same stateful SDPA model (SmolLM2-135M int8_asym, f32 KV cache,
-2-core CPU, median of 5 interleaved runs of 64 tokens; its paged-attention backend: 23.4 ms). So
-plain greedy decoding runs in openvino_genai's C++ loop. Its SDPA backend runs the same stateful
-model as the runner (with the LM head on the last position only), so the tokens are the ones
-xpuspec's loop gives; speculative decoding, sampling, scores and logits stay in xpuspec's loop.
-The pipeline is built on first use and holds its own copy of the compiled weights.
+openvino_genai's C++ loop spends less time per token than xpuspec's Python loop around the same
+compiled model (``benchmarks/results/HISTORY.md``, "Measurements that stood in docstrings"), so plain
+greedy decoding runs there. Its SDPA backend runs the same stateful model as the runner (with the LM
+head on the last position only), and its PA backend the same paged model, so the tokens are the ones
+xpuspec's loop gives; speculative decoding, sampling, scores and logits stay in xpuspec's loop. The
+pipeline is built on first use and holds its own copy of the compiled weights.
 """
 
 from pathlib import Path
@@ -16,9 +15,8 @@ from typing import Callable, List, Sequence
 def one_pass_scheduler():
     """openvino_genai's scheduler settings that compute a prompt as xpuspec's runner does: in one pass
     (no chunks of ``max_num_batched_tokens``) and afresh (no prefix cache: a cached prefix computes
-    only the rest of the prompt, a different computation whose logits may differ at near-ties; it also
-    hid openvino_genai's prefill time when a benchmark repeats a prompt: 0.5 s against 6-13 s for
-    300 tokens on Qwen2.5-1.5B here)."""
+    only the rest of the prompt, a different computation whose logits may differ at near-ties, and a
+    benchmark that repeats a prompt would not time its prefill)."""
     import openvino_genai
 
     config = openvino_genai.SchedulerConfig()
@@ -69,8 +67,8 @@ class GenAIGreedy:
 
         class Streamer(openvino_genai.StreamerBase):
             """Hands each token to ``on_token``. An exception there (a user's streamer failing, Ctrl-C, whose
-            KeyboardInterrupt Python raises in this callback) must not cross into C++, where it aborted the
-            process: it cancels the generation and is raised again once the engine returns."""
+            KeyboardInterrupt Python raises in this callback) must not cross into C++, where it would abort
+            the process: it cancels the generation and is raised again once the engine returns."""
 
             def write(self, token):
                 try:

@@ -14,10 +14,10 @@ pass from one stage's output to the next stage's input. All stages see the same
 Rollback masks rather than copies: rejected tokens stay in the state tensors as *slots* whose
 ``attention_mask`` entry is 0, while ``position_ids`` count only live tokens, so the next
 tokens see exactly the accepted prefix at the right positions. A copy of the states without
-the dead slots (compaction) happens only once more than ``max_dead_slots`` pile up. A copy-trim
-costs 8-40 ms against a ~20 ms decode step on a 2-core CPU (../shared/OPENVINO-NOTES.md);
-masking costs nothing per step. This needs an exact KV cache: never combine it with a u8 KV
-cache that changes with the sequence (see ``compile_config``).
+the dead slots (compaction) happens only once more than ``max_dead_slots`` pile up: a copy-trim
+costs a large part of a decode step, masking nothing (``benchmarks/results/HISTORY.md``, "Rollback
+and verify width"). This needs an exact KV cache: never combine it with a u8 KV cache that changes
+with the sequence (see ``compile_config``).
 """
 
 from dataclasses import dataclass
@@ -67,9 +67,8 @@ class Stage:
 class OpenVINORunner(Runner):
     """A stateful IR compiled on one device, or split into stages over several (batch size 1).
 
-    Padded verify passes (``fixed_verify_width``) pay off here because a new input length costs
-    the CPU plugin a re-preparation (measured 8-14 ms, ../shared/OPENVINO-NOTES.md) while the
-    padding is masked out for free.
+    Verify passes are padded to one width (``fixed_verify_width``): a new input length costs the CPU
+    plugin a re-preparation, while the padding is masked out for free.
 
     Args:
         core: the ``openvino.Core`` to compile with.

@@ -11,23 +11,10 @@ them identically. Before each forward one ``all_reduce`` of six integers checks 
 in step (same KV length, same tokens); a divergence (sampling with different seeds) raises
 :class:`PipelineError` instead of mismatched transfers.
 
-Why not ``torch.distributed.pipelining`` (``PipelineStage`` + ``ScheduleGPipe``, torch 2.13): tried
-with a two-layer Llama split over two gloo ranks, each stage module holding its ``DynamicCache``,
-feeding 5, then 1, then 3 tokens through ``schedule.eval``:
-
-- dynamic shape inference (no ``input_args``) runs a real forward of every stage on the first
-  ``step`` to learn the output shapes, rank 1 on uninitialised ``torch.empty`` inputs: after the
-  first 5-token call both caches held 10 tokens, half of them garbage;
-- the recv buffers are sized once, at that first step (``_prepare_forward_infra`` runs only while
-  ``_stage_forward_initialized`` is false): the later 1- and 3-token calls gave no error, rank 1
-  ran 5 tokens again on a stale buffer and returned ``(1, 5, 32)`` each time (caches 11 and 15 long);
-- static shapes (``input_args``/``output_args`` given) avoid the extra forward but fix the length
-  for the stage's lifetime, with the same silent stale-buffer result on a new length.
-
-A decode loop changes the length every call (prefill n, decode 1, verify k+1), so it would need one
-stage and schedule per length, each with its warm-up vote, and the logits would still have to be
-broadcast from the last stage (a schedule returns them there only). Plain point-to-point ops do the
-job with the length every rank already knows (all ranks hold the same tokens), with no metadata.
+Plain point-to-point operations carry the hidden states, with the length every rank already knows
+(all ranks hold the same tokens). ``torch.distributed.pipelining`` does not fit a decode loop, whose
+length changes every call: its schedules size their receive buffers once, at the first step (why, in
+detail: ``docs/design.md``, "The torchrun pipeline").
 """
 
 from typing import List, Optional, Sequence, Tuple

@@ -1,8 +1,7 @@
 """How fast can any draft schedule make a target/draft pair on this machine? Upper bounds from measurements.
 
-A speed target stated against another tool's speculative pipeline (1.5x openvino_genai's on the
-Qwen2.5-Coder 1.5B target with its 0.5B draft) may lie beyond what any schedule of drafts can reach on
-a given machine. This module measures, per prompt, what decides every schedule's speed:
+A speed target for speculative decoding may lie beyond what any schedule of drafts can reach for a
+target/draft pair on a given machine. This module measures, per prompt, what decides every schedule's speed:
 
 - the target's greedy output, ``N`` new tokens;
 - the draft's teacher-forced top-1 prediction, and its probability, at each position of that output (one

@@ -286,8 +286,8 @@ class GenAISystem(System):
     """``openvino_genai.LLMPipeline`` on the target IR: plain (``genai``), with ``draft_model`` = the
     draft IR (``genai-spec``), or with ``prompt_lookup=True`` (``genai-lookup``). Prompts go in as
     token ids, so no chat template is applied. Its prefix cache is off: the warm-up call and the
-    repeats send the same prompts, and a cached prompt hides the prefill (TTFT 0.5 s against 6-13 s
-    for 300 tokens on Qwen2.5-1.5B here); prompts are computed in one pass, as xpuspec's are."""
+    repeats send the same prompts, and a cached prompt would skip its prefill); prompts are computed in
+    one pass, as xpuspec's are."""
 
     def load(self) -> dict:
         import openvino_genai
