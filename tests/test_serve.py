@@ -1,10 +1,11 @@
 """``xpuspec serve`` as a client sees it: a real server process on 127.0.0.1, the real ``openai`` client, SmolLM2.
 
-One server (hybrid speculation with a draft model, an API key) is shared by most tests; a second, plain one with a
-queue of one place serves the 429 and SIGTERM tests, the last to run. Greedy outputs are compared, token for
-token (as text), with ``model.generate`` on the same prompt in this process.
+One server (hybrid speculation with a draft model, an API key, 15 queue places) is shared by all tests; the last
+test stops it with SIGTERM. Greedy outputs are compared, token for token (as text), with ``model.generate`` on the
+same prompt in this process.
 """
 
+import json
 import os
 import re
 import signal
@@ -111,9 +112,14 @@ class Server:
             time.sleep(0.2)
 
 
+#: Requests that may wait: 16 concurrent requests fit (one runs), a 17th gets a 429.
+MAX_QUEUE = 15
+
+
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    s = Server("--speculative", "hybrid", "--draft", MODEL, "--draft-low-bit", FORMAT, key=KEY)
+    s = Server("--speculative", "hybrid", "--draft", MODEL, "--draft-low-bit", FORMAT, "--max-queue", str(MAX_QUEUE),
+               key=KEY)
     yield s
     s.stop()
 
@@ -183,7 +189,7 @@ def check_spec_usage(spec):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_greedy_output_equals_generate_streamed_and_not(server, tokenizer, greedy, mode):
     client = server.client()
-    for prompt, n in ((CODE, 24), (PROMPTS[1], 12)):
+    for prompt, n in ((CODE, 16), (PROMPTS[1], 8)):
         want_text, want_reason, want_tokens = expected(tokenizer, greedy, tokenizer(prompt).input_ids, n)
         for stream in (False, True):
             text, reason, usage = complete(client, prompt, n, stream, MODES[mode])
@@ -218,14 +224,32 @@ def test_stop_string_cuts_exactly_where_it_begins(server, tokenizer, greedy, mod
         assert usage.completion_tokens < 24
 
 
+def test_seeded_sampling_repeats_when_decoding_plainly(server):
+    """With speculation a seed repeats only where the adaptive draft schedule repeats (it changes with what earlier
+    requests measured): best effort, as the OpenAI API's seed."""
+    client = server.client()
+    runs = [client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=12, temperature=0.9, top_p=0.95,
+                                      seed=seed, extra_body=MODES["plain"]).choices[0].text for seed in (7, 7, 8, 8)]
+    assert runs[0] == runs[1] and runs[2] == runs[3] and runs[0] != runs[2]
+
+
 def test_models_endpoint(server):
     assert [m.id for m in server.client().models.list()] == [MODEL]
     assert server.client().models.retrieve(MODEL).id == MODEL
 
 
-def test_sixteen_concurrent_streams_equal_their_single_request_outputs(server, tokenizer, greedy):
-    jobs = [(PROMPTS[i % 4], 8 + 2 * i, list(MODES)[i % 4]) for i in range(16)]
-    wants = [expected(tokenizer, greedy, tokenizer(p).input_ids, n) for p, n, _ in jobs]
+def test_sixteen_concurrent_streams_equal_their_single_request_outputs(server, tokenizer, ov_int8):
+    import torch
+
+    jobs = [(PROMPTS[i % 4], 8 + i, list(MODES)[i % 4]) for i in range(16)]
+    t0 = time.perf_counter()
+    wants = []
+    for prompt, n, _ in jobs:  # one by one, in this process
+        ids = tokenizer(prompt).input_ids
+        new = ov_int8.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+        wants.append((tokenizer.decode(new, skip_special_tokens=True),
+                      "stop" if new[-1] == tokenizer.eos_token_id else "length", len(new)))
+    alone = time.perf_counter() - t0
     client = server.client()
     server.wait_idle()
     t0 = time.perf_counter()
@@ -236,7 +260,7 @@ def test_sixteen_concurrent_streams_equal_their_single_request_outputs(server, t
         assert (text, reason, usage.completion_tokens) == want, (prompt, n, mode)
     tokens = sum(u.completion_tokens for _, _, u in got)
     print(f"\n16 concurrent streams: {tokens} tokens in {wall:.1f} s = {tokens / wall:.1f} tokens/s in aggregate "
-          f"(serial engine)")
+          f"(serial engine); the same requests one by one in this process, plain: {tokens / alone:.1f} tokens/s")
 
 
 def test_client_disconnect_cancels_its_request(server, tokenizer, greedy):
@@ -261,6 +285,15 @@ def test_client_disconnect_cancels_its_request(server, tokenizer, greedy):
     want = expected(tokenizer, greedy, tokenizer(CODE).input_ids, 12)
     text, reason, usage = complete(server.client(), CODE, 12, False, MODES["plain"])
     assert (text, reason, usage.completion_tokens) == want
+    # a client that does not stream and gives up waiting
+    before = server.metrics()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", headers=server.headers, timeout=2,
+                   json={"model": MODEL, "prompt": PROMPTS[3], "max_tokens": 2000, "temperature": 0})
+    while server.metrics().get(aborted, 0) == before.get(aborted, 0):
+        assert time.monotonic() < deadline + 60, "the request went on after its client left"
+        time.sleep(0.2)
+    assert server.metrics()[generated] - before[generated] < 200
 
 
 BAD_REQUESTS = [  # (what, path, body, status, param or None, code or None)
@@ -358,7 +391,7 @@ def test_soak(server, tokenizer):
     /metrics counters equal to the sums of the per-request usage."""
     client = server.client()
     server.wait_idle()
-    for prompt in PROMPTS:  # what the first requests build (drafts' compiled copies) is not growth
+    for prompt in PROMPTS[:3]:  # what the first requests build (drafts' compiled copies) is not growth
         for mode in MODES.values():
             complete(client, prompt, 4, False, mode)
     server.wait_idle()
@@ -370,8 +403,8 @@ def test_soak(server, tokenizer):
         assert time.monotonic() < deadline, "the soak ran past its time limit"
         mode = list(MODES.values())[i % 4]
         try:
-            text, reason, usage = complete(client, PROMPTS[i % 3], 2 + i % 7, stream=bool(i % 2), mode=mode,
-                                           chat=i % 5 == 0)
+            text, reason, usage = complete(client, PROMPTS[i % 3], 1 + i % 4, stream=bool(i % 2), mode=mode,
+                                           chat=i % 10 == 0)
             assert reason in ("stop", "length") and usage is not None
             with lock:
                 results.append(usage)
@@ -396,14 +429,6 @@ def test_soak(server, tokenizer):
     assert rss1 - rss0 < SOAK_RSS_GROWTH_MIB
 
 
-@pytest.fixture(scope="module")
-def small_queue_server(smollm2_path):
-    """A plain server, no API key, one place in the queue (its last test stops it with SIGTERM)."""
-    s = Server("--max-queue", "1")
-    yield s
-    s.stop()
-
-
 def _stream_in_thread(server, prompt, n, out):
     """Start a greedy stream in a thread; its (text, finish_reason, usage) goes to ``out[prompt]``."""
     t = threading.Thread(target=lambda: out.__setitem__(prompt, complete(server.client(), prompt, n, True)))
@@ -418,36 +443,92 @@ def _wait_for(server, running, waiting, timeout=120):
         time.sleep(0.05)
 
 
-def test_full_queue_gets_429_with_retry_after(small_queue_server):
-    s, out = small_queue_server, {}
-    threads = [_stream_in_thread(s, PROMPTS[3], 96, out)]
-    _wait_for(s, 1, 0)
-    threads.append(_stream_in_thread(s, PROMPTS[1], 8, out))
-    _wait_for(s, 1, 1)
-    r = s.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2})
+def test_full_queue_gets_429_with_retry_after_and_queued_clients_can_leave(server, tokenizer, greedy):
+    server.wait_idle()
+    client = server.client()
+    streams = [client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=2000, temperature=0,
+                                         stream=True) for _ in range(1 + MAX_QUEUE)]
+    _wait_for(server, 1, MAX_QUEUE)
+    r = server.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2})
     assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
-    assert r.json()["error"]["type"] == "rate_limit_error"
+    error = r.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
     with pytest.raises(openai.RateLimitError):
-        s.client().completions.create(model=MODEL, prompt="x", max_tokens=2)
-    for t in threads:
-        t.join()
-    assert all(text and usage.completion_tokens for text, _, usage in out.values()) and len(out) == 2
-    assert s.health()["status"] == "ok"
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    for stream in reversed(streams):  # the queued ones first, then the one running
+        stream.close()
+    server.wait_idle()
+    want = expected(tokenizer, greedy, tokenizer(CODE).input_ids, 8)
+    text, reason, usage = complete(client, CODE, 8, False)
+    assert (text, reason, usage.completion_tokens) == want
 
 
-def test_sigterm_drains_running_and_queued_requests_then_exits_0(small_queue_server, tokenizer, greedy):
-    s, out = small_queue_server, {}
-    jobs = [(CODE, 32), (PROMPTS[1], 8)]
-    threads = [_stream_in_thread(s, *jobs[0], out)]
-    _wait_for(s, 1, 0)
-    threads.append(_stream_in_thread(s, *jobs[1], out))
-    _wait_for(s, 1, 1)
-    s.proc.send_signal(signal.SIGTERM)
-    assert s.proc.wait(timeout=180) == 0
+def test_sigterm_drains_running_and_queued_requests_then_exits_0(server, tokenizer, greedy):
+    """The last test: it stops the shared server."""
+    out = {}
+    jobs = [(CODE, 24), (PROMPTS[1], 8)]
+    server.wait_idle()
+    threads = [_stream_in_thread(server, *jobs[0], out)]
+    _wait_for(server, 1, 0)
+    threads.append(_stream_in_thread(server, *jobs[1], out))
+    _wait_for(server, 1, 1)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=180) == 0
     for t in threads:
         t.join()
     for prompt, n in jobs:
         text, reason, usage = out[prompt]
         assert (text, reason, usage.completion_tokens) == expected(tokenizer, greedy, tokenizer(prompt).input_ids, n)
     with pytest.raises(httpx.TransportError):
-        s.get("/health")
+        server.get("/health")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "xpuspec", "serve", MODEL, *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_arguments_that_cannot_work_are_refused_before_the_model_loads():
+    done = _cli("--max-batch", "4")
+    assert done.returncode == 2 and "--max-batch 4: only the serial engine is built yet" in done.stderr
+    assert "--kv-budget-mib applies to the batched engine" in _cli("--kv-budget-mib", "512").stderr
+    assert "--draft goes with --speculative draft or hybrid" in _cli("--speculative", "self", "--draft", MODEL).stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = _cli("--port", str(taken.getsockname()[1]))
+    assert done.returncode == 2 and "cannot listen on 127.0.0.1" in done.stderr
+
+
+class FailingBackend:
+    """A backend whose every run fails, as a model that raises would."""
+
+    engine, max_running, note, speculation, context_length, vocab_size = "serial", 1, "", "none", 2048, 49152
+
+    def check(self, params):
+        pass
+
+    def run(self, prompt_ids, params, on_tokens):
+        on_tokens([42])
+        raise RuntimeError("an internal failure with a secret path /opt/model")
+
+    def kv_blocks_in_use(self):
+        return 0
+
+
+def test_a_failing_request_gets_500_with_a_request_id_and_no_traceback(tokenizer):
+    from fastapi.testclient import TestClient
+
+    from xpuspec.serve.app import create_app
+
+    with TestClient(create_app(FailingBackend(), tokenizer, "m"), raise_server_exceptions=False) as client:
+        body = {"model": "m", "prompt": "x", "max_tokens": 4}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 500
+        error = r.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "internal_error")
+        assert re.search(r"request id cmpl-\w+", error["message"]) and "/opt/model" not in r.text
+        events = client.post("/v1/completions", json={**body, "stream": True}).text.split("\n\n")
+        assert json.loads(events[-3].removeprefix("data: "))["error"]["code"] == "internal_error"
+        assert events[-2] == "data: [DONE]"
+        assert client.get("/health").json()["status"] == "ok"

@@ -32,7 +32,9 @@ class GenerationParams:
         max_new_tokens: at most this many new tokens (at least 1).
         temperature: 0 decodes greedily; above 0 samples at this temperature (with ``top_p``).
         top_p: nucleus sampling's mass (1.0: off).
-        seed: seeds the sampler (``None``: not reproducible).
+        seed: seeds torch's sampler before the request (``None``: not reproducible). A seeded request repeats its
+            output under plain decoding; with speculation, only where the adaptive draft schedule repeats too
+            (it follows what earlier requests measured), as the OpenAI API's seed is best effort.
         num_assistant_tokens, prompt_lookup_num_tokens, assistant_confidence_threshold: ``generate``'s speculative
             arguments of the same names (``None``: the model's own settings).
         speculative: ``False`` decodes plainly on a model loaded with speculation (``generate``'s argument).

@@ -61,6 +61,10 @@ def _check(args) -> None:
     if args.kv_budget_mib is not None:
         raise ValueError("--kv-budget-mib applies to the batched engine, which is not built yet; leave it out "
                          "(the serial engine holds one request's KV cache).")
+    if args.speculative == "draft" and args.draft is None:
+        raise ValueError("--speculative draft needs --draft MODEL (a draft model path or name).")
+    if args.draft is not None and args.speculative not in (None, "draft", "hybrid"):
+        raise ValueError(f"--draft goes with --speculative draft or hybrid, not {args.speculative}.")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}.")
     if not 0 < args.port < 65536:
@@ -77,24 +81,19 @@ def _check(args) -> None:
 
 
 def _speculative(args):
-    """The :class:`SpeculativeConfig` of ``--speculative`` and ``--draft`` (``None``: plain decoding).
+    """The :class:`SpeculativeConfig` of ``--speculative`` and ``--draft`` (``None``: plain decoding; checked by
+    :func:`_check`).
 
     Raises:
-        SpeculativeConfigError: an unknown mode, ``--draft`` with a mode that takes none, ``draft`` without it.
+        SpeculativeConfigError: an unknown mode.
     """
-    from ..errors import SpeculativeConfigError
     from ..speculative.config import resolve_speculative
 
-    mode, draft = args.speculative, args.draft
     options = dict(draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
-    if mode == "draft" or (mode is None and draft is not None):
-        if draft is None:
-            raise SpeculativeConfigError("--speculative draft needs --draft MODEL (a draft model path or name).")
-        return resolve_speculative(draft, **options)
-    if draft is not None and mode != "hybrid":
-        raise SpeculativeConfigError(f"--draft goes with --speculative draft or hybrid, not {mode}.")
-    spec = resolve_speculative(mode, **options)
-    return spec if draft is None else replace(spec, draft=draft)
+    if args.draft is not None and args.speculative != "hybrid":  # --speculative draft, or --draft alone
+        return resolve_speculative(args.draft, **options)
+    spec = resolve_speculative(args.speculative, **options)
+    return spec if args.draft is None else replace(spec, draft=args.draft)
 
 
 def _exit_after_drain(signum, frame):
@@ -105,6 +104,7 @@ def _exit_after_drain(signum, frame):
 
 def run(args) -> int:
     """Load the model and serve it until SIGTERM or Ctrl-C. Returns the exit status (0 after a drain)."""
+    _check(args)
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -117,7 +117,6 @@ def run(args) -> int:
     from .app import create_app
     from .backend import SerialBackend
 
-    _check(args)
     spec = _speculative(args)
     signal.signal(signal.SIGTERM, _exit_after_drain)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
