@@ -27,7 +27,7 @@ from ..errors import XpuspecError
 from .admission import DEFAULT_MAX_QUEUE, Admission, QueueFull
 from .metrics import ServerMetrics
 from .protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, ChatCompletionRequest, CompletionRequest,
-                       ResponseShape, _GenerationRequest)
+                       GenerationRequest, ResponseShape)
 from .session import Done, Failed, RequestRun, Text
 
 log = logging.getLogger("xpuspec.serve")
@@ -146,7 +146,7 @@ def create_app(backend, tokenizer, model_name: str, api_key: Optional[str] = Non
                            param="max_tokens", code="context_length_exceeded")
         return max_tokens
 
-    async def generate(request: Request, body: _GenerationRequest, prompt_ids: List[int], chat: bool,
+    async def generate(request: Request, body: GenerationRequest, prompt_ids: List[int], chat: bool,
                        max_tokens: Optional[int], default_max_tokens: Optional[int]):
         arrival = time.perf_counter()
         params = body.params(resolve_max_tokens(len(prompt_ids), max_tokens, default_max_tokens))

@@ -49,7 +49,7 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _GenerationRequest(_Strict):
+class GenerationRequest(_Strict):
     """Fields common to completions and chat completions."""
 
     model: str
@@ -106,7 +106,7 @@ class _GenerationRequest(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationRequest):
     """``POST /v1/completions``."""
 
     prompt: Union[str, List[str], List[int], List[List[int]]]
@@ -138,7 +138,7 @@ class ChatMessage(_Strict):
         return {"role": self.role, "content": text}
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatCompletionRequest(GenerationRequest):
     """``POST /v1/chat/completions``."""
 
     messages: List[ChatMessage] = Field(min_length=1)
