@@ -1,4 +1,4 @@
-"""The ``xpuspec`` command: devices, pull, generate, export, eval, bench, bound, doctor. A thin layer over the
+"""The ``xpuspec`` command: devices, pull, generate, serve, export, eval, bench, bound, doctor. A thin layer over the
 Python API.
 
 Every heavy import happens inside ``main``, so a Ctrl-C at any point past start-up exits with 130
@@ -222,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decoder layers per pipeline stage (default: balanced by weight bytes)")
     p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")
     p.set_defaults(run=_generate)
+
+    from .serve.command import add_arguments as serve_arguments, run as serve_main
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)",
+                       description="Serve a model over the OpenAI API: /v1/completions, /v1/chat/completions, "
+                                   "/v1/models, /health, /metrics. Requests run one at a time for now.")
+    serve_arguments(p, FORMATS, DEFAULT_GENERATE_FORMAT)
+    p.set_defaults(run=serve_main)
 
     p = sub.add_parser("doctor", help="print versions, backend plugins, devices and the cache, for a bug report")
     p.set_defaults(run=_doctor)

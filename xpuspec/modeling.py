@@ -115,6 +115,11 @@ class XpuspecModelForCausalLM:
                     f"{self.device_name}); load it again with from_pretrained(..., device=..., load_in_low_bit=...).")
         return self
 
+    @property
+    def context_length(self) -> Optional[int]:
+        """Tokens the model can hold, prompt and new tokens together (``None`` if unknown); see :meth:`generate`."""
+        return self._context_length()
+
     def _context_length(self) -> Optional[int]:
         """Tokens the model can hold: ``max_position_embeddings``, or less where the runner's KV cache is smaller."""
         limits = [n for n in (getattr(self.config, "max_position_embeddings", None), self.runner.max_length) if n]

@@ -1,0 +1,135 @@
+"""``xpuspec serve``: its arguments, and the start of the server (model load, then uvicorn).
+
+Importing this module is light (argparse only): the CLI builds its parser from :func:`add_arguments` without the
+``[serve]`` extra installed, and :func:`run` says how to install it when it is missing.
+"""
+
+import argparse
+import logging
+import os
+import signal
+import socket
+from dataclasses import replace
+
+from .admission import DEFAULT_MAX_QUEUE
+
+log = logging.getLogger("xpuspec.serve")
+
+API_KEY_ENV = "XPUSPEC_API_KEY"
+#: Seconds SIGTERM waits for running and queued requests before it cancels them.
+DEFAULT_DRAIN_TIMEOUT_S = 60.0
+
+
+def add_arguments(p: argparse.ArgumentParser, formats, default_format: str) -> None:
+    p.add_argument("model", help="a built-in name, a Hugging Face folder or an OpenVINO IR folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model name clients give (default: MODEL as written)")
+    p.add_argument("--low-bit", default=default_format, choices=tuple(formats) + ("none",),
+                   help=f"weight format (default {default_format}; none keeps the source precision)")
+    p.add_argument("--device", default=None, help="device (default $XPUSPEC_DEVICE, else auto)")
+    p.add_argument("--backend", default=None, help="force a backend: openvino or torch")
+    p.add_argument("--speculative", default=None, metavar="MODE",
+                   help="self | layer_skip | prompt_lookup | hybrid | draft (with --draft) | a draft model path or "
+                        "name (default: plain decoding; requests may still ask for prompt_lookup_num_tokens)")
+    p.add_argument("--draft", default=None, metavar="M", help="the draft model of --speculative draft or hybrid")
+    p.add_argument("--draft-low-bit", default=None, choices=formats,
+                   help="draft weight format (self: int4_sym; layer_skip: the target's)")
+    p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
+    p.add_argument("--max-batch", type=int, default=1, metavar="N",
+                   help="requests decoded together (1: the serial engine, the only one built yet)")
+    p.add_argument("--kv-budget-mib", type=int, default=None, metavar="N",
+                   help="KV-cache memory for the batched engine (not built yet)")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
+                   help=f"requests that may wait for a place to run; past that, HTTP 429 (default {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' on every request (default ${API_KEY_ENV})")
+    p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S, metavar="S",
+                   help=f"on SIGTERM, seconds to finish running and queued requests (default {DEFAULT_DRAIN_TIMEOUT_S:g})")
+
+
+def _check(args) -> None:
+    """Refuse arguments that cannot work, before the model loads.
+
+    Raises:
+        ValueError: the reason, and what to do instead.
+    """
+    if args.max_batch != 1:
+        raise ValueError(f"--max-batch {args.max_batch}: only the serial engine is built yet, which runs one request "
+                         "at a time (the others wait in the queue); leave --max-batch out.")
+    if args.kv_budget_mib is not None:
+        raise ValueError("--kv-budget-mib applies to the batched engine, which is not built yet; leave it out "
+                         "(the serial engine holds one request's KV cache).")
+    if args.speculative == "draft" and args.draft is None:
+        raise ValueError("--speculative draft needs --draft MODEL (a draft model path or name).")
+    if args.draft is not None and args.speculative not in (None, "draft", "hybrid"):
+        raise ValueError(f"--draft goes with --speculative draft or hybrid, not {args.speculative}.")
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}.")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must lie in 1..65535, got {args.port}.")
+    if args.drain_timeout <= 0:
+        raise ValueError(f"--drain-timeout must be above 0 seconds, got {args.drain_timeout}.")
+    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((args.host, args.port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; pick another --port or "
+                          "--host.") from None
+
+
+def _speculative(args):
+    """The :class:`SpeculativeConfig` of ``--speculative`` and ``--draft`` (``None``: plain decoding; checked by
+    :func:`_check`).
+
+    Raises:
+        SpeculativeConfigError: an unknown mode.
+    """
+    from ..speculative.config import resolve_speculative
+
+    options = dict(draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
+    if args.draft is not None and args.speculative != "hybrid":  # --speculative draft, or --draft alone
+        return resolve_speculative(args.draft, **options)
+    spec = resolve_speculative(args.speculative, **options)
+    return spec if args.draft is None else replace(spec, draft=args.draft)
+
+
+def _exit_after_drain(signum, frame):
+    """SIGTERM's handler outside uvicorn's run: uvicorn drains the requests on SIGTERM, then raises the signal again
+    for its previous handler; this one ends the process with status 0 (and stops a model load at once)."""
+    raise SystemExit(0)
+
+
+def run(args) -> int:
+    """Load the model and serve it until SIGTERM or Ctrl-C. Returns the exit status (0 after a drain)."""
+    _check(args)
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise ImportError(f"xpuspec serve needs the serve extra ({exc.name} is missing): "
+                          "pip install 'xpuspec[serve]'") from None
+
+    from ..modeling import AutoModelForCausalLM, AutoTokenizer
+    from .app import create_app
+    from .backend import SerialBackend
+
+    spec = _speculative(args)
+    signal.signal(signal.SIGTERM, _exit_after_drain)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, device=args.device, backend=args.backend,
+                                                 load_in_low_bit=None if args.low_bit == "none" else args.low_bit,
+                                                 speculative=spec)
+    backend = SerialBackend(model)
+    backend.warm_up()
+    name = args.served_model_name or args.model
+    app = create_app(backend, tokenizer, name, api_key=args.api_key, max_queue=args.max_queue)
+    log.info("serving %s on http://%s:%d/v1 (%s engine: %s)", name, args.host, args.port, backend.engine,
+             backend.note)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                            timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+    uvicorn.Server(config).run()
+    return 0
