@@ -26,7 +26,7 @@ a sequence have no continuation and count for nothing.
 """
 
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import SpeculativeConfigError
 
@@ -35,6 +35,7 @@ from ..errors import SpeculativeConfigError
 DEFAULT_MAX_DEPTH = 32
 #: The token that ends a sequence in a structure holding several (no real token id is negative).
 SEPARATOR = -1
+_NO_TOKEN = -2  # a state's first transition is still unset
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,13 @@ class SuffixAutomaton:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 2:
             raise SpeculativeConfigError(f"max_depth must be an int >= 2, got {max_depth!r}.")
         self.max_depth = max_depth
-        # Per state: transitions, suffix link, longest string's length, occurrences, end of the latest
-        # occurrence, and ``floor``: an ancestor-or-self on the suffix-link path with no state between
-        # that holds a string of at most max_depth tokens (see _floor).
-        self._next: List[dict] = [{}]
+        # Per state: its first transition (token, or NO_TOKEN, and target) and a dict of the others or None (most
+        # states have one), suffix link, longest string's length, occurrences, end of the latest occurrence, and
+        # ``floor``: an ancestor-or-self on the suffix-link path with no state between that holds a string of at
+        # most max_depth - 1 tokens (see _resolve_floor).
+        self._token: List[int] = [_NO_TOKEN]
+        self._to: List[int] = [0]
+        self._more: List[Optional[dict]] = [None]
         self._link: List[int] = [-1]
         self._len: List[int] = [0]
         self._count: List[int] = [0]
@@ -131,81 +135,106 @@ class SuffixAutomaton:
         """End the current sequence: the next token starts a new one (no string spans the two)."""
         self._append(SEPARATOR)
 
-    def _new_state(self, length: int, link: int, transitions: dict, like: int = -1) -> int:
-        """A state; ``like``: a state whose counts and continuations it starts with (a clone's original)."""
-        self._next.append(transitions)
-        self._link.append(link)
+    def _clone(self, q: int, length: int) -> int:
+        """A copy of state ``q`` (transitions, link, counts, continuations) for its strings of at most ``length``
+        tokens."""
+        for values in (self._token, self._to, self._link, self._count, self._end, self._total, self._top):
+            values.append(values[q])
+        more = self._more[q]
+        self._more.append(dict(more) if more is not None else None)
         self._len.append(length)
         self._floor.append(len(self._floor))
-        if like < 0:
-            self._count.append(0)
-            self._end.append(-1)
-            self._total.append(0)
-            self._top.append(-1)
+        return len(self._floor) - 1
+
+    def _get(self, state: int, token: int) -> int:
+        """The target of ``state``'s transition by ``token``, or -1."""
+        if self._token[state] == token:
+            return self._to[state]
+        more = self._more[state]
+        return more.get(token, -1) if more is not None else -1
+
+    def _set(self, state: int, token: int, target: int) -> None:
+        """Add or redirect ``state``'s transition by ``token``."""
+        if self._token[state] == token or self._token[state] == _NO_TOKEN:
+            self._token[state], self._to[state] = token, target
+        elif self._more[state] is None:
+            self._more[state] = {token: target}
         else:
-            self._count.append(self._count[like])
-            self._end.append(self._end[like])
-            self._total.append(self._total[like])
-            self._top.append(self._top[like])
-        return len(self._len) - 1
+            self._more[state][token] = target
 
     def _append(self, token: int) -> None:
-        nxt, link, length = self._next, self._link, self._len
-        previous = self._last
-        cur = self._new_state(length[previous] + 1, 0, {})
+        token_of, to, more, link, length = self._token, self._to, self._more, self._link, self._len
+        count, end, total, top = self._count, self._end, self._total, self._top
+        previous, cur = self._last, len(length)
+        link.append(0)
+        length.append(length[previous] + 1)
+        self._floor.append(cur)
+        token_of.append(_NO_TOKEN)
+        to.append(0)
+        more.append(None)
+        count.append(0)
+        end.append(-1)
+        total.append(0)
+        top.append(-1)
         p = previous
-        while p != -1 and token not in nxt[p]:
-            nxt[p][token] = cur
+        while p != -1:  # the suffixes of the text without a transition by ``token`` get one, to ``cur``
+            first = token_of[p]
+            if first == token:
+                break
+            if first == _NO_TOKEN:
+                token_of[p], to[p] = token, cur
+            elif more[p] is None:
+                more[p] = {token: cur}
+            elif token in more[p]:
+                break
+            else:
+                more[p][token] = cur
             p = link[p]
         if p != -1:
-            q = nxt[p][token]
+            q = self._get(p, token)
             if length[p] + 1 == length[q]:
                 link[cur] = q
             else:
-                clone = self._new_state(length[p] + 1, link[q], dict(nxt[q]), like=q)
-                while p != -1 and nxt[p].get(token) == q:
-                    nxt[p][token] = clone
+                clone = self._clone(q, length[p] + 1)
+                while p != -1 and self._get(p, token) == q:
+                    self._set(p, token, clone)
                     p = link[p]
                 link[q] = link[cur] = clone
         self._last = cur
-        # The new end position joins the occurrences of every suffix of the text: the states on the suffix-link
-        # path from ``cur``. Only those holding a string of at most max_depth tokens are ever read.
-        count, end, position = self._count, self._end, self._size
-        v = self._resolve_floor(cur)
-        while v > 0:
-            count[v] += 1
-            end[v] = position
-            v = link[v]
+        position = self._size
         self._size += 1
-        if token >= 0:
-            self._continued(previous, token)
-
-    def _continued(self, previous: int, token: int) -> None:
-        """Count ``token`` as one more continuation of every suffix of the text before it (the states on the
-        suffix-link path from ``previous``, the state of that text), down to those of ``max_depth - 1`` tokens:
-        their continuation by ``token``, whose count has just grown and whose latest occurrence is now the last,
-        becomes the most frequent if it ties or beats the one before."""
-        nxt, link, count, total, best = self._next, self._link, self._count, self._total, self._top
-        u = self._resolve_floor(previous) if previous else 0
-        if u and self._len[link[u]] >= self.max_depth - 1:
-            u = link[u]
-        while u > 0:
-            total[u] += 1
-            b = best[u]
-            if b < 0 or count[nxt[u][token]] >= count[nxt[u][b]]:
-                best[u] = token
+        if token < 0:
+            return  # strings ending with a separator are never read
+        # The suffixes of the new text of 1..max_depth tokens are those of the text before, of 0..max_depth - 1
+        # tokens (the states on the suffix-link path from the deepest holding max_depth - 1 of them up to the root),
+        # each followed by ``token``. Each such suffix gains an occurrence ending here and one more continuation,
+        # by ``token``, which becomes its most frequent if it ties or beats the one before (it was seen last).
+        # Several states of the path may lead to one state of the new suffixes: they come in a row.
+        u, counted = self._resolve_floor(previous), -1
+        while u != -1:
+            w = to[u] if token_of[u] == token else more[u][token]
+            if w != counted:
+                count[w] += 1
+                end[w] = position
+                counted = w
+            if u:
+                total[u] += 1
+                b = top[u]
+                if b < 0 or count[w] >= count[to[u] if token_of[u] == b else more[u][b]]:
+                    top[u] = token
             u = link[u]
 
     def _resolve_floor(self, v: int) -> int:
-        """The deepest state on ``v``'s suffix-link path (``v`` included) that holds a string of at most
-        ``max_depth`` tokens: its shortest string, ``len(link) + 1``, is at most ``max_depth``.
+        """The deepest state on ``v``'s suffix-link path (``v`` included) holding a string of at most
+        ``max_depth - 1`` tokens (its shortest string, ``len(link) + 1``, is that short): the strings a walk may
+        continue, whose continuations are counted.
 
         ``floor[v]`` is a cached guess: an ancestor-or-self with no qualifying state between. A clone inserted
         later above a state keeps that true (it holds only longer strings when the state below it did not
         qualify), so the answer is found walking up from the guess."""
-        link, length, floor, depth = self._link, self._len, self._floor, self.max_depth
+        link, length, floor, longest = self._link, self._len, self._floor, self.max_depth - 1
         u = floor[v]
-        while length[link[u]] >= depth:
+        while u and length[link[u]] >= longest:
             u = floor[link[u]]
         floor[v] = u
         return u
@@ -216,7 +245,7 @@ class SuffixAutomaton:
             raise ValueError(f"pattern must have 1..{self.max_depth} tokens, got {len(pattern)}.")
         v = 0
         for token in pattern:
-            v = self._next[v].get(token, -1)
+            v = self._get(v, token)
             if v < 0:
                 return 0
         return self._count[v]
@@ -229,21 +258,27 @@ class SuffixAutomaton:
             k: the most tokens to draft.
             limits: the draft-length knobs.
         """
-        nxt, link = self._next, self._link
+        token_of, to, more, link, length = self._token, self._to, self._more, self._link, self._len
         v, matched = 0, 0
         for token in pattern[-self.max_depth:]:
-            while v and token not in nxt[v]:
+            while True:  # the longest suffix of the match so far that goes on with ``token``
+                if token_of[v] == token:
+                    w = to[v]
+                    break
+                w = more[v].get(token, -1) if more[v] is not None else -1
+                if w >= 0 or not v:
+                    break
                 v = link[v]
-                matched = self._len[v]
-            v = nxt[v].get(token, 0)
-            matched = matched + 1 if v else 0
+                matched = length[v]
+            v, matched = (w, matched + 1) if w > 0 else (0, 0)
         return self._best(v, matched, k, limits)
 
     def speculate_tail(self, k: int, limits: SpeculationLimits) -> Candidate:
         """:meth:`speculate` with the text's own end as the pattern (a request's structure over its context)."""
         if not self._size:
             return NO_CANDIDATE
-        return self._best(self._resolve_floor(self._last), min(self._size, self.max_depth), k, limits)
+        # a match of max_depth tokens would draft none: the longest that can draft is max_depth - 1
+        return self._best(self._resolve_floor(self._last), min(self._size, self.max_depth - 1), k, limits)
 
     def _best(self, v: int, matched: int, k: int, limits: SpeculationLimits) -> Candidate:
         """The best draft over the suffixes of the match: state ``v`` holds the pattern's last ``matched`` tokens,
@@ -281,14 +316,14 @@ class SuffixAutomaton:
 
     def _walk(self, v: int, steps: int, min_prob: float) -> Tuple[List[int], List[float], List[int]]:
         """Follow the most frequent continuations from state ``v`` for at most ``steps`` tokens."""
-        nxt, count, end, total, best = self._next, self._count, self._end, self._total, self._top
+        get, count, end, total, best = self._get, self._count, self._end, self._total, self._top
         tokens, probs, ends = [], [], []
         prob = 1.0
         for _ in range(steps):
             token = best[v]
             if token < 0:
                 break
-            w = nxt[v][token]
+            w = get(v, token)
             prob *= count[w] / total[v]
             if prob < min_prob:
                 break
