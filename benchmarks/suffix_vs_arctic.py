@@ -93,7 +93,8 @@ class Arctic:
     def __init__(self, depth: int):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-        self.cache, self.depth, self.request = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=-1), depth, 0
+        self.cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=-1)
+        self.depth, self.request = depth, 0
 
     def begin(self, context: List[int]) -> None:
         self.request += 1
@@ -221,8 +222,9 @@ def main(argv=None) -> None:
         per_request = statistics.median([t for r in reps for t in r["request"]])
         medians[name] = (per_round, per_request, sum(sum(r["request"]) for r in reps))
         q = statistics.quantiles(propose, n=10)
+        end = [t for r in reps for t in r["end"]]
         print(f"{name:10} {statistics.median(propose):6.1f} ({q[-1]:6.1f}) {statistics.median(update):7.1f} "
-              f"{per_round:7.1f} {statistics.median(begin):7.1f} {statistics.median([t for r in reps for t in r['end']]):7.1f} "
+              f"{per_round:7.1f} {statistics.median(begin):7.1f} {statistics.median(end):7.1f} "
               f"{per_request:8.1f} {reps[0]['rounds']:7d} {reps[0]['kept'] / max(1, reps[0]['drafted']):12.2f}")
     if len(medians) == 2:
         ours, theirs = medians["xpuspec"], medians["arctic"]

@@ -201,6 +201,17 @@ def test_bad_settings_are_refused():
         SuffixCache("", 100)
     with pytest.raises(SpeculativeConfigError):
         SuffixCache("m", 1)
+    with pytest.raises(ValueError, match=">= 0"):
+        SuffixAutomaton().extend([3, -1])
+    cache = SuffixCache("m", 100)
+    with pytest.raises(ValueError, match=">= 0"):
+        cache.add([1, -5])
+    assert len(cache) == 0
+    drafter = SuffixDrafter(cache)
+    drafter.begin(DraftRequest([1, 2, 3], 3, None, False))
+    assert drafter.propose(4).tokens == []
+    with pytest.raises(ValueError, match="0..0"):
+        drafter.accept(1)
 
 
 # ---- the global cache: bound, least-recently-used eviction, file ----
@@ -279,7 +290,8 @@ def test_unusable_file_warns_once_and_rebuilds(tmp_path, how):
     rebuilt.add([7, 8, 9, 10])  # the next save replaces the bad file
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert SuffixCache("m", max_tokens=max_tokens, cache_dir=tmp_path).speculate([7, 8], 2, LIMITS).tokens == (9, 10)
+        again = SuffixCache("m", max_tokens=max_tokens, cache_dir=tmp_path)
+    assert again.speculate([7, 8], 2, LIMITS).tokens == (9, 10)
 
 
 def test_file_saved_for_another_model_is_not_read(tmp_path):

@@ -261,8 +261,8 @@ def _sessions() -> Tuple[Session, ...]:
     out = []
     for (em, ea), (tm, ta), (topic, pin) in zip(SESSION_EDIT_CHAINS, SESSION_TRANSFORM_CHAINS, SESSION_DOCUMENTS):
         for kind, module, attribute in (("edit", em, ea), ("transform", tm, ta)):
-            source = _source(module, attribute)
-            out.append(Session(kind, f"{module}.{attribute}", source, _sha(source).startswith(pins[f"{module}.{attribute}"])))
+            name, source = f"{module}.{attribute}", _source(module, attribute)
+            out.append(Session(kind, name, source, _sha(source).startswith(pins[name])))
         document = pydoc_data.topics.topics[topic]
         out.append(Session("qa", f"topics.{topic}", document, _sha(document).startswith(pin)))
     return tuple(out)

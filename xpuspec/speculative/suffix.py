@@ -60,9 +60,13 @@ class SpeculationLimits:
             raise SpeculativeConfigError(f"min_token_prob must be within 0..1, got {self.min_token_prob!r}.")
         return self
 
+    def spec(self, m: int, k: int) -> int:
+        """``MAX_SPEC`` of a match of ``m`` tokens, at most ``k`` (may be negative with a negative offset)."""
+        return min(k, int(self.max_spec_factor * m + self.max_spec_offset + 1e-6))
+
     def cap(self, m: int, k: int, max_depth: int) -> int:
-        """The most tokens a match of ``m`` tokens drafts."""
-        return max(0, min(k, int(self.max_spec_factor * m + self.max_spec_offset + 1e-6), max_depth - m))
+        """The most tokens a match of ``m`` tokens drafts from a structure ``max_depth`` deep."""
+        return max(0, min(self.spec(m, k), max_depth - m))
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,14 @@ class SuffixAutomaton:
         return len(self._len)
 
     def extend(self, tokens: Iterable[int]) -> None:
-        """Append ``tokens`` to the current sequence."""
+        """Append ``tokens`` (ints >= 0) to the current sequence.
+
+        Raises:
+            ValueError: a negative token (nothing is appended).
+        """
+        tokens = list(tokens)
+        if tokens and min(tokens) < 0:
+            raise ValueError(f"token ids must be >= 0, got {min(tokens)}.")
         for token in tokens:
             self._append(token)
 
@@ -286,19 +297,15 @@ class SuffixAutomaton:
         the longer match wins; a state's every length shares one walk."""
         link, length, top, depth = self._link, self._len, self._top, self.max_depth
         best, best_score = NO_CANDIDATE, 0.0
-        factor, offset = limits.max_spec_factor, limits.max_spec_offset
         hi = matched
         while v > 0:
             lo = length[link[v]] + 1
-            if min(k, int(factor * hi + offset + 1e-6)) <= best_score:
+            if limits.spec(hi, k) <= best_score:
                 break  # no shorter match can draft enough tokens to score higher
             if top[v] >= 0:
-                widest, m = 0, hi  # the most tokens any length lo..hi drafts; below a length whose factor cap
-                while m >= lo:     # is within it, none drafts more
-                    spec = min(k, int(factor * m + offset + 1e-6))
-                    if spec <= widest:
-                        break
-                    widest = max(widest, min(spec, depth - m))
+                widest, m = 0, hi  # the most tokens any length lo..hi drafts; below a length whose MAX_SPEC
+                while m >= lo and limits.spec(m, k) > widest:  # is within it, none drafts more
+                    widest = max(widest, limits.cap(m, k, depth))
                     m -= 1
                 if widest:
                     tokens, probs, ends = self._walk(v, widest, limits.min_token_prob)
@@ -306,7 +313,7 @@ class SuffixAutomaton:
                     score = sum(probs[:reach])
                     if reach and score > best_score:
                         m = hi  # the longest match drafting ``reach`` tokens
-                        while min(k, int(factor * m + offset + 1e-6), depth - m) < reach:
+                        while limits.cap(m, k, depth) < reach:
                             m -= 1
                         best_score = score
                         best = Candidate(tuple(tokens[:reach]), tuple(probs[:reach]), score, m, ends[reach - 1])

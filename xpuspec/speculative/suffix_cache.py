@@ -98,10 +98,16 @@ class SuffixCache:
 
     def add(self, tokens: Sequence[int]) -> None:
         """Cache one request's output (its last ``LOW_WATER * max_tokens - 1`` tokens when longer); saves when
-        there is a ``cache_dir``."""
+        there is a ``cache_dir``.
+
+        Raises:
+            ValueError: a negative token id (nothing is added).
+        """
         tokens = tuple(int(t) for t in tokens)[-max(1, int(self.max_tokens * LOW_WATER) - 1):]
         if not tokens:
             return
+        if min(tokens) < 0:
+            raise ValueError(f"token ids must be >= 0, got {min(tokens)}.")
         with self._lock:
             if len(self._automaton) + len(tokens) + 1 > self.max_tokens:
                 while self._outputs and self._live + len(tokens) + 1 > self.max_tokens * LOW_WATER:
@@ -120,7 +126,8 @@ class SuffixCache:
             return self._automaton.speculate(pattern, k, limits)
 
     def touch(self, position: int) -> None:
-        """Mark the output holding text position ``position`` (a :attr:`Candidate.end`) as just used."""
+        """Mark the output holding text position ``position`` (a :attr:`Candidate.end`) as just used (after an
+        eviction in between, the output now at that position)."""
         with self._lock:
             i = bisect.bisect_right(self._starts, position) - 1
             if i >= 0 and self._ids[i] in self._outputs:

@@ -19,7 +19,7 @@ cache that keep being rejected (fewer than :data:`SHARED_MIN_ACCEPTANCE` of thei
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 
@@ -74,6 +74,17 @@ class DraftSource(enum.Enum):
     SHARED = "shared"  # the model's cache of earlier outputs
 
 
+class _Proposal(NamedTuple):
+    """The last draft: where it came from, its length, and its :attr:`Candidate.end`."""
+
+    source: DraftSource
+    length: int
+    end: int
+
+
+_NOTHING = _Proposal(DraftSource.NONE, 0, -1)
+
+
 @dataclass
 class SuffixStats:
     """One request's drafts by source: drafts made, tokens drafted, tokens the target kept."""
@@ -93,7 +104,10 @@ class SuffixDrafter:
     Args:
         cache: the loaded model's cache of earlier outputs.
         share_across_requests: draft from ``cache`` and add this drafter's outputs to it. Off, a request drafts
-            from its own prompt and output only, and no request's text reaches another's drafts.
+            from its own prompt and output only, and no request's text reaches another's drafts. Prompts are never
+            shared. A shared cache cannot change what a request outputs (an accepted draft is the target's own
+            token), but how fast a request runs tells whether its output resembles another's: a server that serves
+            several users should share only where they trust each other.
         limits: the paper's draft-length knobs.
         max_depth: the deepest string the request's structure counts (default: the cache's, else
             :data:`~xpuspec.speculative.suffix.DEFAULT_MAX_DEPTH`).
@@ -119,7 +133,7 @@ class SuffixDrafter:
         self._own = SuffixAutomaton(self.max_depth)
         self._seen = 0  # context tokens in ``_own``
         self._shared = False  # drafting from the cache in this request
-        self._last = (DraftSource.NONE, 0, -1)  # the last draft's source, length, Candidate.end
+        self._last = _NOTHING
 
     def begin(self, request: DraftRequest) -> None:
         """Start ``request``: index its context afresh, forget the last request's statistics."""
@@ -129,7 +143,7 @@ class SuffixDrafter:
         self._seen = len(request.context)
         self._shared = self.share_across_requests
         self.stats = SuffixStats()
-        self._last = (DraftSource.NONE, 0, -1)
+        self._last = _NOTHING
 
     def propose(self, k: int) -> Draft:
         """Up to ``k`` tokens after the request's context: the better of its own and the cache's candidates."""
@@ -147,13 +161,19 @@ class SuffixDrafter:
                 best, source = shared, DraftSource.SHARED
         if not best.tokens:
             source = DraftSource.NONE
-        self._last = (source, len(best.tokens), best.end)
+        self._last = _Proposal(source, len(best.tokens), best.end)
         return Draft(list(best.tokens), None, len(best.tokens))
 
     def accept(self, n: int) -> None:
-        """The target kept ``n`` tokens of the last draft."""
+        """The target kept ``n`` tokens of the last draft.
+
+        Raises:
+            ValueError: ``n`` outside ``0 .. len(last draft)``.
+        """
         source, drafted, end = self._last
-        self._last = (DraftSource.NONE, 0, -1)
+        if not 0 <= n <= drafted:
+            raise ValueError(f"accept(n): n must be within 0..{drafted} (the last draft's length), got {n!r}.")
+        self._last = _NOTHING
         stats = self.stats
         if source is DraftSource.REQUEST:
             stats.request_drafts += 1
