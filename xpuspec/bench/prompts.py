@@ -1,5 +1,6 @@
-"""Prompt sets of the benchmark: ``code`` (HumanEval), ``prose`` (Python documentation) and
-``edit`` (input-grounded rewrites of standard-library functions).
+"""Prompt sets of the benchmark: ``code`` (HumanEval), ``prose`` (Python documentation),
+``edit`` (input-grounded rewrites of standard-library functions) and ``session`` (multi-turn
+sequences, each request building on the answers before it; see :class:`Session`).
 
 ``edit`` prompts ask to rewrite a real standard-library function with one small change, so the
 answer copies most of the prompt: the agentic-coding workload where n-gram drafting is
@@ -13,13 +14,17 @@ not compared unawares.
 import hashlib
 import importlib
 import inspect
+import math
 import re
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from .. import corpus
 
-SETS = ("code", "prose", "edit")
+SETS = ("code", "prose", "edit", "session")
+#: The sets a bare count in ``--prompts`` (``"4"``) takes.
+DEFAULT_SETS = ("code", "prose", "edit")
 #: Prose prompts in the full ``prose`` set.
 PROSE_COUNT = 32
 
@@ -89,7 +94,8 @@ def edit_prompts() -> List[str]:
 
 
 def full_set(name: str) -> List[str]:
-    """Every prompt of set ``name`` (``code``: 164, ``prose``: :data:`PROSE_COUNT`, ``edit``: 18).
+    """Every prompt of set ``name`` (``code``: 164, ``prose``: :data:`PROSE_COUNT`, ``edit``: 18, ``session``: 36,
+    as :func:`session_prompts` without earlier answers).
 
     Raises:
         ValueError: an unknown set name.
@@ -101,6 +107,8 @@ def full_set(name: str) -> List[str]:
         return corpus.prose_prompts(PROSE_COUNT)
     if name == "edit":
         return edit_prompts()
+    if name == "session":
+        return session_prompts(sessions())
     raise ValueError(f"Unknown prompt set {name!r}; choose from {', '.join(SETS)}.")
 
 
@@ -115,7 +123,8 @@ def parse_prompt_spec(spec: str) -> Dict[str, int]:
     """Parse ``--prompts``: comma-separated set names, ``set:N``, or a bare ``N`` (N per set).
 
     ``"code,prose,edit"`` takes every prompt of each set (count 0 means all); ``"4"`` takes 4 of
-    each set; ``"code:4,edit"`` takes 4 code prompts and every edit prompt.
+    each of :data:`DEFAULT_SETS`; ``"code:4,edit"`` takes 4 code prompts and every edit prompt;
+    ``"session:6"`` takes whole sessions, enough for 6 prompts (2 sessions of 3 turns).
 
     Returns:
         ``{set name: count}`` in the order given (0: the whole set).
@@ -137,7 +146,7 @@ def parse_prompt_spec(spec: str) -> Dict[str, int]:
             raise ValueError(f"Unknown prompt set {name!r} in --prompts; choose from {', '.join(SETS)} (or set:N, or N).")
         counts[name] = _count(number, item) if colon else 0
     if per_set is not None:
-        counts = {name: counts.get(name) or per_set for name in (counts or SETS)}
+        counts = {name: counts.get(name) or per_set for name in (counts or DEFAULT_SETS)}
     return counts
 
 
@@ -148,11 +157,14 @@ def _count(text: str, item: str) -> int:
 
 
 def select(counts: Dict[str, int]) -> Dict[str, List[str]]:
-    """The prompts of each set in ``counts`` (see :func:`parse_prompt_spec`), evenly spread over the set."""
+    """The prompts of each set in ``counts`` (see :func:`parse_prompt_spec`), evenly spread over the set (whole
+    sessions for ``session``)."""
     out = {}
     for name, n in counts.items():
         if name == "prose" and n:
             out[name] = corpus.prose_prompts(n)
+        elif name == "session":
+            out[name] = session_prompts(select_sessions(n))
         else:
             items = full_set(name)
             out[name] = _spread(items, n) if n else items
@@ -161,9 +173,112 @@ def select(counts: Dict[str, int]) -> Dict[str, List[str]]:
 
 def fingerprint(prompts: Dict[str, List[str]]) -> dict:
     """Identify the prompts of a run: per set its count and a sha256 prefix of the joined prompts,
-    the corpus sources, and the edit functions whose source differs from the pinned one."""
+    the corpus sources, and the edit and session sources that differ from the pinned ones."""
     return {
         "sets": {name: {"count": len(items), "sha256": _sha("\x00".join(items))[:16]} for name, items in prompts.items()},
-        "sources": {**corpus.fingerprint(), "edit": "inspect.getsource of standard-library functions"},
+        "sources": {**corpus.fingerprint(), "edit": "inspect.getsource of standard-library functions",
+                    "session": "inspect.getsource of standard-library functions and pydoc_data.topics texts"},
         "edit_sources_changed": list(_edit_prompts()[1]) if "edit" in prompts else [],
+        "session_sources_changed": [s.name for s in sessions() if not s.pinned] if "session" in prompts else [],
     }
+
+
+# ---- the session set ----
+
+#: Requests in each session.
+SESSION_TURNS = 3
+#: Edit chains: the edit prompts applied again to the function just rewritten (functions of EDIT_FUNCTIONS).
+SESSION_EDIT_CHAINS = (("colorsys", "rgb_to_hls"), ("textwrap", "indent"), ("shlex", "quote"), ("calendar", "weekday"))
+#: Transform chains: add a docstring, rename a variable, add type hints, over the same function.
+SESSION_TRANSFORM_CHAINS = (("colorsys", "hsv_to_rgb"), ("textwrap", "shorten"), ("statistics", "mode"),
+                            ("fnmatch", "filter"))
+#: Question answering over one document: (``pydoc_data.topics`` key, sha256 prefix of its text on CPython 3.11).
+SESSION_DOCUMENTS = (("for", "2d32f0cfa6be"), ("while", "37e7e9033171"), ("assert", "4476cccb1bc5"),
+                     ("return", "f5a688f24c75"))
+SESSION_QUESTIONS = ("What does the statement described in the text do? Answer in one sentence.",
+                     "Quote the first sentence of the text exactly.",
+                     "Which Python keywords does the text name? List them.")
+_QA_TEMPLATE = "Read the text, then answer each question.\n\nText:\n{document}\n\n"
+
+
+@dataclass(frozen=True)
+class Session:
+    """One multi-turn sequence of :data:`SESSION_TURNS` requests over one source.
+
+    ``kind``: ``"edit"`` (rename the function, rename its first parameter, add a comment), ``"transform"``
+    (add a docstring, rename a local variable, add type hints) or ``"qa"`` (three questions on one document).
+    A later turn builds on the earlier answers: an edit or transform turn asks to change the function the
+    previous answer wrote (the text before its closing code fence); a question turn repeats the document and
+    every earlier question with its answer. Without earlier answers (``answers=()``, as in :func:`full_set`) each
+    turn works on the pinned source alone.
+
+    Attributes:
+        kind: see above.
+        name: ``module.function`` or ``topics.<key>``.
+        source: the function's source or the document, as read on the running Python.
+        pinned: whether ``source`` has the pinned sha256.
+    """
+
+    kind: str
+    name: str
+    source: str
+    pinned: bool
+
+    def prompt(self, turn: int, answers: Sequence[str] = ()) -> str:
+        """The prompt of ``turn`` (0-based) given the answers of turns ``0 .. turn - 1`` (or none of them).
+
+        Raises:
+            ValueError: ``turn`` outside the session, or more answers than turns before it.
+        """
+        if not 0 <= turn < SESSION_TURNS or len(answers) > turn:
+            raise ValueError(f"turn must be within 0..{SESSION_TURNS - 1} with at most `turn` earlier answers, "
+                             f"got turn {turn} and {len(answers)} answers.")
+        if self.kind == "qa":
+            history = "".join(f"Question: {q}\nAnswer: {a.strip()}\n\n" for q, a in zip(SESSION_QUESTIONS, answers))
+            return _QA_TEMPLATE.format(document=self.source) + history + f"Question: {SESSION_QUESTIONS[turn]}\nAnswer:"
+        code = answers[turn - 1].split("```")[0].rstrip() + "\n" if answers and len(answers) == turn else self.source
+        return _EDIT_TEMPLATE.format(change=self._change(turn), source=code)
+
+    def _change(self, turn: int) -> str:
+        name = self.name.split(".")[-1].lstrip("_")
+        param = re.search(r"def \w+\((\w+)", self.source).group(1)
+        if self.kind == "edit":
+            return (f"rename the function to `{name}_v2`",
+                    f"rename the parameter `{param}` to `{param}_in` everywhere in the function",
+                    "add the comment `# Reviewed.` as the first line of the function body")[turn]
+        local = re.search(r"^\s+(\w+) = ", self.source, re.M)
+        variable = local.group(1) if local else param
+        return ("add a one-line docstring saying what the function does, replacing any docstring it has",
+                f"rename the variable `{variable}` to `{variable}_value` everywhere in the function",
+                "add type hints to every parameter and to the return value")[turn]
+
+
+@lru_cache(maxsize=None)
+def _sessions() -> Tuple[Session, ...]:
+    import pydoc_data.topics
+
+    pins = {f"{m}.{a}": sha for m, a, sha in EDIT_FUNCTIONS}
+    out = []
+    for (em, ea), (tm, ta), (topic, pin) in zip(SESSION_EDIT_CHAINS, SESSION_TRANSFORM_CHAINS, SESSION_DOCUMENTS):
+        for kind, module, attribute in (("edit", em, ea), ("transform", tm, ta)):
+            name, source = f"{module}.{attribute}", _source(module, attribute)
+            out.append(Session(kind, name, source, _sha(source).startswith(pins[name])))
+        document = pydoc_data.topics.topics[topic]
+        out.append(Session("qa", f"topics.{topic}", document, _sha(document).startswith(pin)))
+    return tuple(out)
+
+
+def sessions() -> List[Session]:
+    """The 12 sessions, kinds interleaved (edit, transform, qa, edit, ...)."""
+    return list(_sessions())
+
+
+def select_sessions(n: int) -> List[Session]:
+    """Whole sessions enough for ``n`` prompts, evenly spread (0: all)."""
+    items = sessions()
+    return _spread(items, math.ceil(n / SESSION_TURNS)) if n else items
+
+
+def session_prompts(chosen: Sequence[Session]) -> List[str]:
+    """Every turn of ``chosen``, in order, without earlier answers (each turn on the pinned source)."""
+    return [s.prompt(turn) for s in chosen for turn in range(SESSION_TURNS)]

@@ -95,7 +95,7 @@ def _idle(rows: List[dict]) -> Optional[dict]:
 
 
 def summarize(result: dict) -> dict:
-    """``{system: {split: figures}}`` for the splits ``all``, ``code``, ``prose``, ``edit`` that have calls.
+    """``{system: {split: figures}}`` for the splits ``all``, ``code``, ``prose``, ``edit``, ``session`` that have calls.
 
     Figures: ``decode_tokens_per_s``, ``ttft_ms``, ``e2e_tokens_per_s`` (each median/min/max over
     repeats), ``ratio_to_baseline`` (median of per-repeat ratios of decode tokens/s),
