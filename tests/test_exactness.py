@@ -20,11 +20,11 @@ from test_speculative_greedy import PROMPTS_8
 FORMAT_TABLE = [("fp32", None), ("fp16", None), ("int8_sym", None), ("int8_asym", None)] + [
     (fmt, group) for fmt in ("int4_sym", "int4_asym") for group in (None, 32, -1)]
 #: Drafters the matrix runs (a separate draft model is covered by the Qwen pair's tests).
-DRAFTERS = ("prompt_lookup", "self", "hybrid", "layer_skip")
+DRAFTERS = ("prompt_lookup", "suffix", "self", "hybrid", "suffix_hybrid", "layer_skip")
 #: The subset of (format, drafter) the default run covers: every format with prompt lookup (no draft model, the
 #: target's numerics alone), the model drafters on the CLI's and the API's usual formats.
 DEFAULT_CELLS = [(f, "prompt_lookup") for f in FORMAT_TABLE] + [
-    (f, d) for f in (("int8_asym", None), ("int4_asym", None)) for d in ("self", "hybrid", "layer_skip")]
+    (f, d) for f in (("int8_asym", None), ("int4_asym", None)) for d in DRAFTERS[1:]]
 NEW_TOKENS = 48
 
 _loaded = {}  # the last target loaded: (model, format, group, mode) -> model; one at a time keeps memory low

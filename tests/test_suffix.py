@@ -13,7 +13,9 @@ from xpuspec.errors import SpeculativeConfigError
 from xpuspec.speculative import suffix_cache
 from xpuspec.speculative.suffix import Candidate, SpeculationLimits, SuffixAutomaton
 from xpuspec.speculative.suffix_cache import SuffixCache, SuffixCacheWarning
-from xpuspec.speculative.suffix_drafter import (SHARED_MIN_ACCEPTANCE, SHARED_PATIENCE, Draft, DraftRequest,
+from xpuspec.speculative.drafters import Draft, DraftRequest
+from xpuspec.speculative.policy import Widths
+from xpuspec.speculative.suffix_drafter import (SHARED_MIN_ACCEPTANCE, SHARED_PATIENCE,
                                                 SuffixDrafter)
 
 LIMITS = SpeculationLimits()
@@ -208,8 +210,8 @@ def test_bad_settings_are_refused():
         cache.add([1, -5])
     assert len(cache) == 0
     drafter = SuffixDrafter(cache)
-    drafter.begin(DraftRequest([1, 2, 3], 3, None, False))
-    assert drafter.propose(4).tokens == []
+    drafter.begin(DraftRequest([1, 2, 3], None, False))
+    assert drafter.propose(Widths(0, 4)).tokens == []
     with pytest.raises(ValueError, match="0..0"):
         drafter.accept(1)
 
@@ -327,12 +329,12 @@ def run(drafter, target, prompt, max_new, k=8):
     """Greedy speculative decoding with ``drafter`` on ``target``: (output, target passes). The loop owns the
     context list and appends to it in place, as the engine does."""
     context = list(prompt)
-    request = DraftRequest(context, len(prompt), score=None, sample=False)
+    request = DraftRequest(context, None, False)
     drafter.begin(request)
     passes = 0
     while len(context) - len(prompt) < max_new:
         before = list(context)
-        draft = drafter.propose(k)
+        draft = drafter.propose(Widths(0, k))
         assert isinstance(draft, Draft) and draft.probs is None and draft.free == len(draft.tokens) <= k
         assert context == before and request.context is context  # the drafter read the context, never wrote it
         passes += 1
@@ -386,15 +388,15 @@ def test_per_request_state_does_not_outlive_its_request():
     drafter = SuffixDrafter(SuffixCache("fake", 4096), share_across_requests=True)
     first_prompt = [1, 2, 3] + list(range(20, 60))
     context = list(first_prompt)
-    drafter.begin(DraftRequest(context, len(first_prompt), None, False))
+    drafter.begin(DraftRequest(context, None, False))
     drafter.end()  # an empty output: nothing of the first prompt reaches the cache
     second = [9, 9, 1, 2, 3]
-    drafter.begin(DraftRequest(list(second), len(second), None, False))
-    assert drafter.propose(8).tokens == []
+    drafter.begin(DraftRequest(list(second), None, False))
+    assert drafter.propose(Widths(0, 8)).tokens == []
     # and a longer follow-up prompt is indexed from its start (not from where the last request's index ended)
     third = [5, 6, 7, 8, 1, 2, 3] + list(range(40, 80)) + [5, 6, 7]
-    drafter.begin(DraftRequest(list(third), len(third), None, False))
-    assert drafter.propose(8).tokens == [8, 1, 2]
+    drafter.begin(DraftRequest(list(third), None, False))
+    assert drafter.propose(Widths(0, 8)).tokens == [8, 1, 2]
 
 
 def test_failing_shared_drafts_stop_and_acceptance_does_not_collapse():
@@ -434,5 +436,5 @@ def test_not_sharing_keeps_requests_apart():
     run(drafter, target, [1, 2, 3], 64)
     assert cache.outputs == 0
     context = [1, 2, 3]
-    drafter.begin(DraftRequest(context, 3, None, False))
-    assert drafter.propose(8).tokens == []
+    drafter.begin(DraftRequest(context, None, False))
+    assert drafter.propose(Widths(0, 8)).tokens == []

@@ -70,6 +70,7 @@ class XpuspecModelForCausalLM:
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
         self._policies = PolicyBook(runner.traits.single_step_width)  # speculation across requests, per drafter
         self._costs = TargetCosts()  # what the runner's passes cost, once measured
+        self._suffix_cache = None  # SuffixDecoding's outputs of earlier requests, made on first use
         self._lock = threading.RLock()  # one request at a time on this model's runner (see generate)
 
     @property
@@ -84,6 +85,17 @@ class XpuspecModelForCausalLM:
 
     def can_generate(self) -> bool:
         return True
+
+    def suffix_cache(self, spec: Optional[SpeculativeConfig] = None):
+        """This model's :class:`~xpuspec.speculative.suffix_cache.SuffixCache` (the outputs of its earlier
+        requests, for suffix decoding), made on first use; saved under ``spec.suffix_cache_dir`` when set."""
+        from .speculative.suffix_cache import SuffixCache
+
+        if self._suffix_cache is None:
+            key = f"{self.name_or_path}:{self.low_bit.format if self.low_bit else 'fp32'}"
+            cache_dir = spec.suffix_cache_dir if spec is not None else None
+            self._suffix_cache = SuffixCache(key, cache_dir=cache_dir)
+        return self._suffix_cache
 
     def _supports_logits_to_keep(self):
         """transformers' assisted generation asks its ``assistant_model`` this first: refuse there, clearly.

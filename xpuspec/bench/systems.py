@@ -339,9 +339,12 @@ class XpuspecSystem(System):
     each model has a core of its own; the other systems use every core for one model at a time.
     """
 
-    MODES = {"self": "self", "layer-skip": "layer_skip", "lookup": "prompt_lookup", "hybrid": "hybrid", "draft": "draft"}
+    MODES = {"self": "self", "layer-skip": "layer_skip", "lookup": "prompt_lookup", "hybrid": "hybrid", "draft": "draft",
+             "suffix": "suffix", "suffix-hybrid": "suffix_hybrid"}
+    #: Modes without a draft model.
+    FREE = ("prompt_lookup", "suffix")
     #: Modes whose draft is not the --draft-low-bit copy (layer-skip drafts in the target's own format).
-    OWN_FORMAT = ("prompt_lookup", "layer_skip")
+    OWN_FORMAT = FREE + ("layer_skip",)
     #: The second device of the overlapped and pipeline systems.
     SECOND_CPU = "cpux"
 
@@ -361,10 +364,10 @@ class XpuspecSystem(System):
         spec = None
         if mode:
             k = {"num_assistant_tokens": self.setup.num_assistant_tokens} if self.setup.num_assistant_tokens else {}
-            draft = self.setup.draft if mode in ("draft", "hybrid") else None
+            draft = self.setup.draft if mode in ("draft", "hybrid", "suffix_hybrid") else None
             spec = SpeculativeConfig(mode=mode, draft=draft, cost_model=self.setup.cost_model, **k,
-                                     draft_vocab_size=None if mode == "prompt_lookup" else self.setup.draft_vocab_size,
-                                     draft_context_length=None if mode == "prompt_lookup"
+                                     draft_vocab_size=None if mode in self.FREE else self.setup.draft_vocab_size,
+                                     draft_context_length=None if mode in self.FREE
                                      else self.setup.draft_context_length,
                                      draft_low_bit=None if mode in self.OWN_FORMAT else self.setup.draft_low_bit,
                                      overlap=overlap, draft_device=self.SECOND_CPU if overlap else None)
@@ -397,6 +400,11 @@ class XpuspecSystem(System):
                                    min_new_tokens=max_new_tokens, do_sample=False, **kwargs)
 
     def generate(self, ids, max_new_tokens):
+        seen = self.__dict__.setdefault("_seen", set())
+        if self.model.speculative_config is not None and self.model.speculative_config.mode.startswith("suffix") \
+                and tuple(ids) in seen:  # a repeat: the suffix cache must not hold this prompt's own earlier output
+            self.model.suffix_cache().clear()
+        seen.add(tuple(ids))
         arrivals = Arrivals()
         out = self._generate(ids, max_new_tokens, streamer=_hf_streamer(arrivals))
         stats = self.model.last_generate_stats
@@ -428,6 +436,8 @@ SYSTEMS = {
     "xpuspec-spec:layer-skip": _spec(XpuspecSystem),
     "xpuspec-spec:lookup": _spec(XpuspecSystem),
     "xpuspec-spec:hybrid": _spec(XpuspecSystem),
+    "xpuspec-spec:suffix": _spec(XpuspecSystem),
+    "xpuspec-spec:suffix-hybrid": _spec(XpuspecSystem),
     "xpuspec-spec:draft": _spec(XpuspecSystem, needs_draft=True),
     "xpuspec-overlap:self": _spec(XpuspecSystem),
     "xpuspec-overlap:draft": _spec(XpuspecSystem, needs_draft=True),

@@ -14,7 +14,9 @@ from ..errors import SpeculativeConfigError
 from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, PromptLookupDrafter
 from .schedule import DEFAULT_LOOKUP_TOKENS, DraftSchedule, check_count
 
-MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "draft")
+MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "suffix", "suffix_hybrid", "draft")
+#: Modes that draft without a model.
+FREE_MODES = ("prompt_lookup", "suffix")
 #: Draft format of self-speculation: a low-bit copy of the target.
 DEFAULT_SELF_DRAFT_LOW_BIT = "int4_sym"
 DRAFT_DEVICE_ENV = "XPUSPEC_DRAFT_DEVICE"
@@ -32,8 +34,10 @@ class SpeculativeConfig:
         mode: ``"self"`` (low-bit copy of the target drafts), ``"layer_skip"`` (the target
             without some of its layers drafts; see :mod:`xpuspec.speculative.layerskip`), ``"prompt_lookup"`` (n-gram
             lookup, no model), ``"hybrid"`` (lookup when an n-gram matches, else the draft
-            model) or ``"draft"`` (a separate draft model).
-        draft: draft model path or name for ``"draft"`` (and optionally ``"hybrid"``).
+            model), ``"suffix"`` (SuffixDecoding: drafts from this request's text and earlier requests' outputs,
+            no model; :mod:`xpuspec.speculative.suffix_drafter`), ``"suffix_hybrid"`` (suffix drafts first, else the
+            draft model) or ``"draft"`` (a separate draft model).
+        draft: draft model path or name for ``"draft"`` (and optionally ``"hybrid"`` and ``"suffix_hybrid"``).
         draft_low_bit: weight format of the draft (default ``int4_sym`` for self-speculation, the
             target's format for layer-skip).
         skip_layers: decoder layers the layer-skip draft leaves out (default: chosen by calibration).
@@ -71,6 +75,12 @@ class SpeculativeConfig:
             output follows the target's distribution (a seeded run may draw other tokens). ``None``:
             :data:`~xpuspec.speculative.drafters.DEFAULT_DRAFT_CONTEXT_LENGTH`; ``0``: the whole context. An
             ``assistant_model`` given to ``generate`` takes this model's value (the default without one).
+        share_across_requests: suffix modes draft from the outputs of this model's earlier requests too (its
+            :class:`~xpuspec.speculative.suffix_cache.SuffixCache`); ``False`` drafts from each request's own text.
+            A shared cache cannot change an output (an accepted draft is the target's own token), but its timing
+            can tell one request that another's output resembled it (see ``docs/speculative.md``).
+        suffix_cache_dir: a folder where the suffix cache is saved and restored across processes (``None``: kept
+            in memory only).
     """
 
     mode: str = "self"
@@ -88,6 +98,8 @@ class SpeculativeConfig:
     overlap: Optional[bool] = None
     draft_vocab_size: Optional[int] = None
     draft_context_length: Optional[int] = None
+    share_across_requests: bool = True
+    suffix_cache_dir: Optional[str] = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -107,9 +119,15 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"overlap must be True, False or None (the default), got {self.overlap!r}.")
         for hybrid in (False, True):  # bad sizes raise; generate(prompt_lookup_num_tokens=) may ask for either
             PromptLookupDrafter(self.max_matching_ngram_size, self.shortest_ngram(hybrid))
-        if self.prompt_lookup_num_tokens is not None and self.mode not in ("prompt_lookup", "hybrid"):
-            raise SpeculativeConfigError(f"prompt_lookup_num_tokens applies to modes 'prompt_lookup' and 'hybrid', "
-                                         f"not {self.mode!r}: drop it, or pick one of those modes.")
+        if self.prompt_lookup_num_tokens is not None and self.mode not in ("prompt_lookup", "hybrid", "suffix",
+                                                                          "suffix_hybrid"):
+            raise SpeculativeConfigError(f"prompt_lookup_num_tokens applies to modes 'prompt_lookup', 'hybrid', 'suffix' "
+                                         f"and 'suffix_hybrid', not {self.mode!r}: drop it, or pick one of those modes.")
+        if not isinstance(self.share_across_requests, bool):
+            raise SpeculativeConfigError(f"share_across_requests must be True or False, got {self.share_across_requests!r}.")
+        if (self.suffix_cache_dir is not None or not self.share_across_requests) and not self.mode.startswith("suffix"):
+            raise SpeculativeConfigError(f"share_across_requests and suffix_cache_dir apply to modes 'suffix' and "
+                                         f"'suffix_hybrid', not {self.mode!r}.")
         if self.skip_layers is not None:
             if self.mode != "layer_skip":
                 raise SpeculativeConfigError(f"skip_layers applies to mode='layer_skip', not {self.mode!r}.")
@@ -120,13 +138,13 @@ class SpeculativeConfig:
                                              f"e.g. (3, 4), got {layers!r}.")
             object.__setattr__(self, "skip_layers", tuple(sorted({int(i) for i in layers})))
         given = [name for name in ("draft", "draft_low_bit", "draft_device") if getattr(self, name)]
-        if self.mode == "prompt_lookup" and given:
-            raise SpeculativeConfigError(f"prompt_lookup uses no draft model: drop {'=, '.join(given)}=.")
+        if self.mode in FREE_MODES and given:
+            raise SpeculativeConfigError(f"{self.mode} uses no draft model: drop {'=, '.join(given)}=.")
         self._check_draft_count("draft_vocab_size", "vocabulary")
         self._check_draft_count("draft_context_length", "context")
-        if self.mode == "prompt_lookup" and self.overlap:
+        if self.mode in FREE_MODES and self.overlap:
             raise SpeculativeConfigError(
-                "overlap=True needs a draft model; prompt lookup drafts in microseconds and has nothing to "
+                f"overlap=True needs a draft model; {self.mode} drafts in microseconds and has nothing to "
                 "overlap. Drop overlap= or pick mode 'self', 'layer_skip', 'hybrid' or 'draft'.")
 
     def _check_draft_count(self, name: str, whole: str) -> None:
@@ -138,15 +156,15 @@ class SpeculativeConfig:
                                          f"(the default), got {value!r}.")
         if value is not None:
             object.__setattr__(self, name, int(value))
-        if self.mode == "prompt_lookup" and value:
-            raise SpeculativeConfigError(f"prompt_lookup uses no draft model: drop {name}=.")
+        if self.mode in FREE_MODES and value:
+            raise SpeculativeConfigError(f"{self.mode} uses no draft model: drop {name}=.")
 
     @property
     def draft_length(self) -> int:
         """``num_assistant_tokens``, or its default for the mode."""
         if self.num_assistant_tokens is not None:
             return self.num_assistant_tokens
-        return DEFAULT_LOOKUP_TOKENS if self.mode == "prompt_lookup" else DEFAULT_ASSISTANT_TOKENS
+        return DEFAULT_LOOKUP_TOKENS if self.mode in FREE_MODES else DEFAULT_ASSISTANT_TOKENS
 
     @property
     def draft_context(self) -> int:
@@ -163,7 +181,7 @@ class SpeculativeConfig:
 
     @property
     def uses_model(self) -> bool:
-        return self.mode != "prompt_lookup"
+        return self.mode not in FREE_MODES
 
     @property
     def resolved_draft_device(self) -> Optional[str]:

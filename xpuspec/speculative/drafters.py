@@ -244,30 +244,40 @@ class ModelDrafter(Drafter):
 
 
 class HybridDrafter(Drafter):
-    """Prompt lookup where an n-gram matches (a free round of up to ``widths.free`` tokens), else the draft model.
+    """A free drafter (prompt lookup, suffix decoding) where it finds tokens (a round of up to ``widths.free``),
+    else the draft model.
 
     Args:
-        lookup: the lookup tried first each round.
+        lookup: the free drafter tried first each round.
         model: the draft model's drafter (its chain may end with a lookup, :class:`ModelDrafter`'s ``extension``).
-        fallback: the lookup that drafts alone once the policy stops the draft model (default ``lookup``).
+        fallback: the free drafter that drafts alone once the policy stops the draft model (default ``lookup``).
     """
 
     uses_model = True
 
-    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, fallback: Optional[PromptLookupDrafter] = None):
+    def __init__(self, lookup: Drafter, model: Drafter, fallback: Optional[Drafter] = None):
         self.lookup, self.model, self.fallback = lookup, model, fallback or lookup
+        self._last: Drafter = lookup
+
+    def _parts(self) -> List[Drafter]:
+        return list({id(p): p for p in (self.lookup, self.model, self.fallback)}.values())
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
-        for part in {id(p): p for p in (self.lookup, self.model, self.fallback)}.values():
+        for part in self._parts():
             part.begin(request)
 
     def propose(self, widths: Widths) -> Draft:
         draft = self.lookup.propose(widths)
+        self._last = self.lookup if draft.tokens else self.model
         return draft if draft.tokens else self.model.propose(widths)
 
+    def accept(self, n: int) -> None:
+        self._last.accept(n)
+
     def end(self) -> None:
-        self.model.end()
+        for part in self._parts():
+            part.end()
 
     def without_model(self) -> Drafter:
         return self.fallback

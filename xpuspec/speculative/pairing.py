@@ -10,6 +10,7 @@ from .config import SpeculativeConfig
 from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, Drafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from .overlap import OverlappedDrafter
 from .schedule import DEFAULT_LOOKUP_TOKENS, DraftSchedule, check_count
+from .suffix_drafter import SuffixDrafter
 
 
 @lru_cache(maxsize=16)
@@ -71,7 +72,9 @@ class Plan:
     def without_model(self) -> Optional["Plan"]:
         """This plan with the draft model left out (a hybrid keeps its prompt lookup), or ``None``."""
         free = self.drafter.without_model()
-        return None if free is None else Plan(free, self.schedule.for_lookup(), "lookup")
+        if free is None:
+            return None
+        return Plan(free, self.schedule.for_lookup(), "suffix" if isinstance(free, SuffixDrafter) else "lookup")
 
 
 def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_lookup_num_tokens=None,
@@ -92,15 +95,16 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
     if prompt_lookup_num_tokens is not None:
         prompt_lookup_num_tokens = check_count("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
     base = spec or SpeculativeConfig()
-    lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode == "prompt_lookup" else None
+    lookup_k = spec.prompt_lookup_num_tokens if spec and spec.mode in ("prompt_lookup", "suffix") else None
     made = _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens) if enabled else None
     if made is None:
         return None
     drafter, kind, draft = made
+    free = kind in ("lookup", "suffix")
     schedule = DraftSchedule(
         num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k, base.draft_length),
         schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule,
-                        "constant" if kind == "lookup" else "heuristic"),
+                        "constant" if free else "heuristic"),
         confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
         cost_model=base.cost_model,
         lookup_tokens=_first(prompt_lookup_num_tokens, base.prompt_lookup_num_tokens, DEFAULT_LOOKUP_TOKENS),
@@ -126,18 +130,27 @@ def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
         extension = first if first.min_ngram == first.max_ngram else PromptLookupDrafter(first.max_ngram, first.max_ngram)
         return HybridDrafter(first, _model_drafter(target, draft, spec, extension), fallback=lookup()), "hybrid", draft
 
+    def suffix():
+        return SuffixDrafter(target.suffix_cache(spec), spec.share_across_requests)
+
     if assistant_model is not None:
         check_draft(target, assistant_model)
         if prompt_lookup_num_tokens:
             return hybrid(assistant_model)
         return _model_drafter(target, assistant_model, spec), "draft", assistant_model
-    if prompt_lookup_num_tokens or (spec is not None and spec.mode == "prompt_lookup"):
+    mode = spec.mode if spec is not None else None
+    if mode == "suffix":
+        return suffix(), "suffix", None
+    if mode == "suffix_hybrid":
+        first = suffix()
+        return HybridDrafter(first, _model_drafter(target, target.draft_model, spec), first), mode, target.draft_model
+    if prompt_lookup_num_tokens or mode == "prompt_lookup":
         return lookup(), "lookup", None
     if spec is None:
         return None
-    if spec.mode == "hybrid":
+    if mode == "hybrid":
         return hybrid(target.draft_model)
-    return _model_drafter(target, target.draft_model, spec), spec.mode, target.draft_model
+    return _model_drafter(target, target.draft_model, spec), mode, target.draft_model
 
 
 def _model_drafter(target, draft, spec, extension=None):

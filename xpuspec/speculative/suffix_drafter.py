@@ -14,56 +14,22 @@ llama.cpp#27852, whose per-slot table outlived its request). Within a request, d
 cache that keep being rejected (fewer than :data:`SHARED_MIN_ACCEPTANCE` of their tokens kept after
 :data:`SHARED_PATIENCE` of them) stop it drafting from the cache for the rest of the request.
 
-``DraftRequest`` and ``Draft`` are those of the Drafter contract (issue 22).
 """
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, List, NamedTuple, Optional
-
-import torch
+from typing import NamedTuple, Optional
 
 from ..errors import SpeculativeConfigError
+from .drafters import NO_DRAFT, Draft, Drafter, DraftRequest
+from .policy import Widths
 from .suffix import DEFAULT_MAX_DEPTH, SpeculationLimits, SuffixAutomaton
 from .suffix_cache import SuffixCache
-
-Score = Callable[[List[int], torch.Tensor], torch.Tensor]
 
 #: Drafts from the cache a request makes before their acceptance is judged.
 SHARED_PATIENCE = 4
 #: The share of the cache's drafted tokens the target must keep for a request to go on drafting from the cache.
 SHARED_MIN_ACCEPTANCE = 0.2
-
-
-@dataclass
-class DraftRequest:
-    """What is fixed for one request (one sequence).
-
-    Attributes:
-        context: the sequence's tokens (prompt + accepted output); the engine owns and appends to this very list,
-            drafters read it and never write it.
-        prompt_len: tokens of the prompt at the start of ``context``.
-        score: processed scores at a prefix ``(prefix, raw logits [1, vocab]) -> scores``.
-        sample: sampling (True) or greedy.
-        threshold: ``assistant_confidence_threshold`` (model drafters only).
-    """
-
-    context: List[int]
-    prompt_len: int
-    score: Score
-    sample: bool
-    threshold: float = 0.0
-
-
-@dataclass(frozen=True)
-class Draft:
-    """``tokens``: 0..k proposed ids after the context; ``probs``: ``[len(tokens), vocab]`` float32 draft
-    distributions when a model sampled, ``None`` for deterministic proposals; ``free``: how many tokens cost
-    no model step."""
-
-    tokens: List[int]
-    probs: Optional[torch.Tensor] = None
-    free: int = 0
 
 
 class DraftSource(enum.Enum):
@@ -98,8 +64,8 @@ class SuffixStats:
     shared_stopped: bool = False  # the cache's drafts failed and the request stopped using them
 
 
-class SuffixDrafter:
-    """SuffixDecoding as a Drafter (``begin / propose / accept / end``).
+class SuffixDrafter(Drafter):
+    """SuffixDecoding as a Drafter (``begin / propose / accept / end``); its drafts are free.
 
     Args:
         cache: the loaded model's cache of earlier outputs.
@@ -116,9 +82,6 @@ class SuffixDrafter:
         SpeculativeConfigError: ``share_across_requests`` without a cache, or bad limits.
     """
 
-    stochastic = False
-    costless = True
-
     def __init__(self, cache: Optional[SuffixCache] = None, share_across_requests: bool = True,
                  limits: SpeculationLimits = SpeculationLimits(), max_depth: Optional[int] = None):
         if share_across_requests and cache is None:
@@ -130,6 +93,7 @@ class SuffixDrafter:
         self.max_depth = max_depth or (cache.max_depth if cache is not None else DEFAULT_MAX_DEPTH)
         self.stats = SuffixStats()
         self._request: Optional[DraftRequest] = None
+        self._prompt_len = 0
         self._own = SuffixAutomaton(self.max_depth)
         self._seen = 0  # context tokens in ``_own``
         self._shared = False  # drafting from the cache in this request
@@ -137,7 +101,7 @@ class SuffixDrafter:
 
     def begin(self, request: DraftRequest) -> None:
         """Start ``request``: index its context afresh, forget the last request's statistics."""
-        self._request = request
+        self._request, self._prompt_len = request, len(request.context)  # begun before the first token
         self._own = SuffixAutomaton(self.max_depth)
         self._own.extend(request.context)
         self._seen = len(request.context)
@@ -145,12 +109,14 @@ class SuffixDrafter:
         self.stats = SuffixStats()
         self._last = _NOTHING
 
-    def propose(self, k: int) -> Draft:
-        """Up to ``k`` tokens after the request's context: the better of its own and the cache's candidates."""
+    def propose(self, widths: Widths) -> Draft:
+        """Up to ``widths.free`` tokens after the request's context: the better of its own and the cache's
+        candidates."""
         if self._request is None:
             raise RuntimeError("SuffixDrafter.propose before begin(): start a request first.")
+        k = widths.free
         if k < 1:
-            raise SpeculativeConfigError(f"k must be >= 1, got {k!r}.")
+            return NO_DRAFT
         context = self._request.context
         self._own.extend(context[self._seen:])
         self._seen = len(context)
@@ -193,9 +159,6 @@ class SuffixDrafter:
     def end(self) -> None:
         """The request finished: its output joins the cache when shared."""
         if self._request is not None and self.share_across_requests:
-            self.cache.add(self._request.context[self._request.prompt_len:])
+            self.cache.add(self._request.context[self._prompt_len:])
         self._request = None
         self._own = SuffixAutomaton(self.max_depth)
-
-    def runners(self) -> list:
-        return []
