@@ -52,7 +52,7 @@ def test_draft_lengths_and_thresholds_are_refused_by_name(tiny_pair, name, value
 
 
 def test_options_of_another_mode_and_non_bool_flags_are_refused():
-    with pytest.raises(SpeculativeConfigError, match="prompt_lookup_num_tokens applies to modes 'prompt_lookup' and"):
+    with pytest.raises(SpeculativeConfigError, match="prompt_lookup_num_tokens applies to modes 'prompt_lookup', 'hybrid'"):
         SpeculativeConfig(mode="self", prompt_lookup_num_tokens=3)
     assert SpeculativeConfig(mode="hybrid", prompt_lookup_num_tokens=3).prompt_lookup_num_tokens == 3
     with pytest.raises(SpeculativeConfigError, match="cost_model must be True or False, got 'no'"):

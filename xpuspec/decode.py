@@ -103,6 +103,8 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     req = Request(list(prompt), len(prompt), config, scorer_for(config, len(prompt)), max_new_tokens(config, len(prompt)),
                   min_new_tokens(config, len(prompt)), frozenset(eos_ids(config)), stop, streamer, drafter, policy)
     req.stats.prompt_tokens, req.stats.setup_s = len(prompt), setup_s
+    if drafter is not None:  # a speculative request reports its counts, zeros when nothing was drafted
+        req.stats.acceptance_counts = AcceptanceCounts()
     with torch_on_one_thread([target, *(drafter.runners() if drafter is not None else ())]):
         native = _native_greedy_applies(req) and stop is None
         if drafter is None and native and _hand_over(target, req, costs, "native"):
@@ -191,8 +193,6 @@ def _verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gu
     elif draft.tokens:
         stats.drafted_tokens += len(draft.tokens)
         stats.accepted_tokens += kept
-        if stats.acceptance_counts is None:
-            stats.acceptance_counts = AcceptanceCounts()
         stats.acceptance_counts.add_round(len(draft.tokens), kept)
     return n
 
