@@ -438,3 +438,97 @@ def test_not_sharing_keeps_requests_apart():
     context = [1, 2, 3]
     drafter.begin(DraftRequest(context, None, False))
     assert drafter.propose(Widths(0, 8)).tokens == []
+
+
+# ---- sampling with suffix drafts ----
+
+def test_sampling_with_suffix_drafts_follows_the_target_distribution():
+    """Rejection sampling over suffix drafts (deterministic, so one-hot draft rows) keeps the target's distribution:
+    the first 3 tokens of 4000 sampled requests over a 3-token vocabulary, drafted from the request's own text and
+    from a cache of earlier outputs, against the exact probabilities (TV over 27 sequences: null about
+    sqrt(27 / (2 pi 4000)) = 0.03)."""
+    import itertools
+
+    import torch
+
+    from xpuspec.speculative.verify import rejection_sample
+
+    vocab, prompt = 3, [0, 1, 2, 0, 1, 2, 0, 1]
+
+    def target(prefix):
+        return torch.softmax(torch.tensor([((prefix[-2] * 7 + prefix[-1] * 3 + j * 5) % 11) / 4.0
+                                           for j in range(vocab)]), -1)
+
+    cache = SuffixCache("fake", 4096)
+    for _ in range(3):
+        cache.add([2, 0, 1, 1, 2, 2, 0, 0, 1])
+    drafter = SuffixDrafter(cache, share_across_requests=True)
+    torch.manual_seed(0)
+    counts, trials, drafted, shared = {}, 4000, 0, 0
+    for _ in range(trials):
+        context, out = list(prompt), []
+        drafter.begin(DraftRequest(context, None, True))
+        while len(out) < 3:
+            draft = drafter.propose(Widths(0, 4))
+            assert draft.probs is None
+            drafted += len(draft.tokens)
+            p = torch.stack([target(context + draft.tokens[:i]) for i in range(len(draft.tokens) + 1)])
+            n, token = rejection_sample(draft.tokens, draft.probs, p)
+            drafter.accept(n)
+            for t in (draft.tokens[:n] + [token])[:3 - len(out)]:
+                out.append(t)
+                context.append(t)
+        shared += drafter.stats.shared_drafts
+        drafter.end()
+        cache.clear()  # every trial sees the same cache (a trial's output would otherwise join it)
+        for _ in range(3):
+            cache.add([2, 0, 1, 1, 2, 2, 0, 0, 1])
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    assert drafted > trials and shared > trials / 4  # both sources drafted
+    distance = 0.0
+    for seq in itertools.product(range(vocab), repeat=3):
+        exact, prefix = 1.0, list(prompt)
+        for t in seq:
+            exact *= float(target(prefix)[t])
+            prefix.append(t)
+        distance += 0.5 * abs(counts.get(seq, 0) / trials - exact)
+    assert distance < 0.06
+
+
+# ---- the real model: greedy identity over a session ----
+
+#: Five questions over one document, each request repeating the document and every earlier answer.
+SESSION_QUESTIONS_5 = ("What does the statement described in the text do? Answer in one sentence.",
+                       "Quote the first sentence of the text exactly.",
+                       "Which Python keywords does the text name? List them.",
+                       "Quote the first sentence of the text exactly, once more.",
+                       "Summarise the text in two sentences.")
+
+
+@pytest.mark.parametrize("mode", ["suffix", "suffix_hybrid"])
+def test_a_five_request_session_on_smollm2_is_plain_greedy(smollm2_path, tokenizer, mode):
+    """A 5-request session on SmolLM2 (each prompt holds the document and the earlier answers, decoded from the
+    plain greedy outputs): every speculative output is the plain greedy output token for token, the model's cache
+    holds the session's outputs, and later requests draft."""
+    import pydoc_data.topics
+    import torch
+
+    from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+
+    spec = SpeculativeConfig(mode=mode, cost_model=False)
+    model = AutoModelForCausalLM.from_pretrained("smollm2-135m-instruct", device="cpu", load_in_low_bit="int8_asym",
+                                                 speculative=spec)
+    model.suffix_cache().clear()
+    document = pydoc_data.topics.topics["for"][:1500]
+    history, drafted = "", []
+    for question in SESSION_QUESTIONS_5:
+        text = f"Read the text, then answer each question.\n\nText:\n{document}\n\n{history}Question: {question}\nAnswer:"
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        plain = model.generate(ids, max_new_tokens=40, do_sample=False, speculative=False)
+        spec_out = model.generate(ids, max_new_tokens=40, do_sample=False)
+        assert torch.equal(spec_out, plain), (question, tokenizer.decode(plain[0, ids.shape[1]:]),
+                                              tokenizer.decode(spec_out[0, ids.shape[1]:]))
+        drafted.append(model.last_generate_stats.drafted_tokens)
+        answer = tokenizer.decode(plain[0, ids.shape[1]:], skip_special_tokens=True)
+        history += f"Question: {question}\nAnswer: {answer.strip()}\n\n"
+    assert model.suffix_cache().outputs == 5 and sum(drafted[1:]) > 20, drafted
