@@ -71,8 +71,8 @@ def paged_model(model: ov.Model) -> ov.Model:
 
 
 #: KV-cache precisions that the CPU plugin's paged attention takes only under the same inference
-#: precision (openvino 2026.4.1 on a Xeon with AMX: an f32 cache under bf16 inference and a bf16 cache
-#: under f32 inference fail to compile; f16 and u8 caches compile under either).
+#: precision: an f32 cache under bf16 inference and a bf16 cache under f32 inference fail to compile; f16 and u8
+#: caches compile under either.
 _CACHE_NEEDS_SAME_PRECISION = ("f32", "bf16")
 _TYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "uint8": "u8"}
 

@@ -15,8 +15,8 @@ No extra model and no training are needed; which layers to skip is chosen by mea
    (Leviathan et al. 2023): ``tau(alpha, k) / (k * c + v_k)``, with ``tau = (1 - alpha^(k+1)) / (1 - alpha)``
    tokens per round, ``c`` the draft's cost per token relative to the target's (the ratio of weight
    bytes read per token: kept layers plus the LM head) and ``v_k = 1 + VERIFY_COST_PER_TOKEN * k``
-   the cost of a k-token verify pass in target steps (measured on OpenVINO CPU, see
-   ../shared/OPENVINO-NOTES.md).
+   the cost of a k-token verify pass in target steps (``VERIFY_COST_PER_TOKEN``: a wider pass reads the same
+   weights, so each extra token costs a small fraction of a step).
 
 The plan is cached per model and calibration text; the draft is a Hugging Face folder holding the
 kept layers (renumbered), cached too, and loaded like any draft model on any backend. Its weights
