@@ -1,5 +1,6 @@
 """The examples run on SmolLM2: the drop-in one prints what transformers prints, the speculative one the plain
-greedy text, and the export one the same text from openvino_genai and xpuspec."""
+greedy text, the export one the same text from openvino_genai and xpuspec, and the server client the plain greedy
+text through a real ``xpuspec serve``."""
 
 import importlib.util
 import subprocess
@@ -50,3 +51,19 @@ def test_export_and_genai_example_gives_one_text(smollm2_path, tmp_path):
     assert (tmp_path / "smollm2-int8" / "openvino_model.xml").is_file()
     genai = next(line for line in out.splitlines() if line.startswith("openvino_genai:"))
     assert "identical: True" in out and len(genai) > len("openvino_genai: ''")
+
+
+def test_serve_client_gets_the_plain_greedy_text_and_the_server_exits_0(ov_int8, tokenizer):
+    import pytest
+
+    pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    example = _load_example("serve_client")
+    out = _run(EXAMPLES / "serve_client.py", "--max-tokens", 12)
+    inputs = tokenizer(example.PROMPT, return_tensors="pt")
+    plain = ov_int8.generate(**inputs, max_new_tokens=12, do_sample=False)
+    text = tokenizer.decode(plain[0, inputs.input_ids.shape[1]:], skip_special_tokens=True)
+    assert f"completion: {text!r}\n" in out
+    chat = next(line for line in out.splitlines() if line.startswith("chat, streamed: "))
+    assert len(chat) > len("chat, streamed: ''") and "'num_draft_tokens'" in out
+    assert out.endswith("server exited with 0\n")

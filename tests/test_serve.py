@@ -321,6 +321,10 @@ BAD_REQUESTS = [  # (what, path, body, status, param or None, code or None)
      400, "messages.0.role", None),
     ("logprobs", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                                           "logprobs": True}, 400, "logprobs", None),
+    ("logprobs, completions", "/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 2}, 400, "logprobs",
+     None),
+    ("top_logprobs", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                              "top_logprobs": 2}, 400, "top_logprobs", None),
     ("an unknown model", "/v1/completions", {"model": "gpt-4o", "prompt": "x"}, 404, "model", "model_not_found"),
     ("an unknown model, chat", "/v1/chat/completions", {"model": "gpt-4o", "messages": [
         {"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
