@@ -1,0 +1,215 @@
+"""Load test of OpenAI-compatible servers: ``xpuspec serve`` plain and speculative (and ``llama_cpp.server`` on the
+same GGUF where llama-cpp-python is installed), at several concurrencies, with the real ``openai`` client.
+
+    python benchmarks/serve_bench.py [--model smollm2-135m-instruct] [--low-bit int8_asym]
+        [--speculative prompt_lookup] [--concurrency 1,4,16] [--requests 16] [--max-tokens 32]
+        [--systems xpuspec-plain,xpuspec-spec,llama-cpp] [--json FILE]
+
+Each system is started as a child process on a free loopback port, warmed up by one request, then driven at each
+concurrency by that many client threads sending streamed greedy completions (``temperature=0``,
+``stream_options.include_usage``) over the bench prompt sets (code, prose, edit; the same prompts in the same
+order for every system) until ``--requests`` requests have finished. Per concurrency it reports:
+
+- aggregate tokens/s: completion tokens of all requests over the wall time from the first send to the last reply;
+- TTFT: from sending a request to its first text chunk; TPOT: from the first chunk to the last, over the
+  completion tokens after the first (p50 / p90 / p99 over requests);
+- acceptance: accepted over drafted tokens and the mean acceptance length, from each response's
+  ``usage.speculative_decoding``.
+"""
+
+import argparse
+import importlib.util
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import httpx
+from openai import OpenAI
+
+START_TIMEOUT_S = 900
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    tpot_s: Optional[float]  # None for a 1-token reply
+    tokens: int
+    drafted: int
+    accepted: int
+    drafts: int
+
+
+class Child:
+    """A server child process; returns from __init__ once it answers ``health_path``."""
+
+    def __init__(self, cmd: List[str], port: int, health_path: str, log):
+        self.port = port
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(cmd)} exited with {self.proc.returncode} while starting")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}{health_path}", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{' '.join(cmd)} did not answer {health_path} in {START_TIMEOUT_S} s")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start(system: str, args, log) -> Child:
+    port = free_port()
+    if system == "llama-cpp":
+        gguf = args.gguf or str(Path.home() / ".cache" / "xpuspec" / "gguf" / f"{args.model}.gguf")
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", args.model,
+               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"]
+        return Child(cmd, port, "/v1/models", log)
+    cmd = [sys.executable, "-m", "xpuspec", "--log-level", "WARNING", "serve", args.model, "--port", str(port),
+           "--low-bit", args.low_bit, "--max-queue", str(max(args.concurrency) + 4)]
+    if system == "xpuspec-spec":
+        cmd += ["--speculative", args.speculative]
+    return Child(cmd, port, "/health", log)
+
+
+def one_request(client: OpenAI, model: str, prompt: str, max_tokens: int) -> Sample:
+    sent = time.perf_counter()
+    first = last = None
+    usage = None
+    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if any(c.text for c in chunk.choices):
+            last = time.perf_counter()
+            first = first or last
+    tokens = usage.completion_tokens if usage is not None else 0
+    spec = (usage.model_extra or {}).get("speculative_decoding") if usage is not None else None
+    spec = spec or {}
+    first = first or time.perf_counter()
+    return Sample(ttft_s=first - sent, tpot_s=(last - first) / (tokens - 1) if last and tokens > 1 else None,
+                  tokens=tokens, drafted=spec.get("num_draft_tokens", 0),
+                  accepted=spec.get("num_accepted_draft_tokens", 0), drafts=spec.get("num_drafts", 0))
+
+
+def percentiles(values: List[float]) -> Dict[str, float]:
+    values = sorted(values)
+    if not values:
+        return {}
+    pick = lambda q: values[min(len(values) - 1, round(q * (len(values) - 1)))]  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def drive(port: int, model: str, prompts: List[str], concurrency: int, requests: int, max_tokens: int) -> dict:
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
+    next_index, lock = [0], threading.Lock()
+
+    def worker() -> List[Sample]:
+        out = []
+        while True:
+            with lock:
+                i = next_index[0]
+                if i >= requests:
+                    return out
+                next_index[0] += 1
+            out.append(one_request(client, model, prompts[i % len(prompts)], max_tokens))
+
+    begun = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        samples = [s for f in [pool.submit(worker) for _ in range(concurrency)] for s in f.result()]
+    wall = time.perf_counter() - begun
+    tokens, drafted, accepted = (sum(getattr(s, k) for s in samples) for k in ("tokens", "drafted", "accepted"))
+    drafts = sum(s.drafts for s in samples)
+    return {"concurrency": concurrency, "requests": len(samples), "completion_tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall, "ttft_s": percentiles([s.ttft_s for s in samples]),
+            "tpot_s": percentiles([s.tpot_s for s in samples if s.tpot_s is not None]),
+            "acceptance": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+            "samples": [asdict(s) for s in samples]}
+
+
+def table(results: Dict[str, List[dict]]) -> str:
+    lines = ["| system | concurrency | requests | tokens/s | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms "
+             "| acceptance | mean acceptance length |", "|---|---|---|---|---|---|---|---|"]
+    ms = lambda d: " / ".join(f"{d[k] * 1000:.0f}" for k in ("p50", "p90", "p99")) if d else "n/a"  # noqa: E731
+    for system, rows in results.items():
+        for r in rows:
+            acc = f"{r['acceptance']:.0%}" if r["acceptance"] is not None else "n/a"
+            mal = f"{r['mean_acceptance_length']:.2f}" if r["mean_acceptance_length"] is not None else "n/a"
+            lines.append(f"| {system} | {r['concurrency']} | {r['requests']} | {r['tokens_per_s']:.1f} | "
+                         f"{ms(r['ttft_s'])} | {ms(r['tpot_s'])} | {acc} | {mal} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--low-bit", default="int8_asym")
+    p.add_argument("--speculative", default="prompt_lookup", help="xpuspec-spec's --speculative (default prompt_lookup)")
+    p.add_argument("--systems", default="xpuspec-plain,xpuspec-spec,llama-cpp")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--prompts", default="code:4,prose:4,edit:4", help="xpuspec bench's --prompts spec")
+    p.add_argument("--gguf", default=None, help="llama-cpp's GGUF (default: xpuspec's cached GGUF of --model)")
+    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--server-log", default=None, metavar="FILE", help="the servers' output (default: discarded)")
+    args = p.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+
+    from xpuspec.bench import prompts as prompt_sets
+
+    chosen = prompt_sets.select(prompt_sets.parse_prompt_spec(args.prompts))
+    texts = [t for i in range(max(len(v) for v in chosen.values())) for v in chosen.values() if i < len(v) for t in [v[i]]]
+    log = open(args.server_log or "/dev/null", "a")
+    results, unavailable = {}, {}
+    for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
+        if system == "llama-cpp" and importlib.util.find_spec("llama_cpp") is None:
+            unavailable[system] = "llama-cpp-python is not installed"
+            continue
+        child = start(system, args, log)
+        try:
+            one_request(OpenAI(base_url=f"http://127.0.0.1:{child.port}/v1", api_key="none", max_retries=0,
+                               timeout=900), args.model, texts[0], args.max_tokens)  # warm-up
+            results[system] = []
+            for c in args.concurrency:
+                results[system].append(drive(child.port, args.model, texts, c, args.requests, args.max_tokens))
+                print(f"{system} c={c}: {results[system][-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+        finally:
+            child.stop()
+    print(table(results))
+    for system, why in unavailable.items():
+        print(f"\n{system}: not run ({why}).")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()},
+                                               "results": results, "unavailable": unavailable}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
