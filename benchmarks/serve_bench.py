@@ -5,8 +5,9 @@ same GGUF where llama-cpp-python is installed), at several concurrencies, with t
         [--speculative prompt_lookup] [--concurrency 1,4,16] [--requests 16] [--max-tokens 32]
         [--systems xpuspec-plain,xpuspec-spec,llama-cpp] [--json FILE]
 
-Each system is started as a child process on a free loopback port, warmed up by one request, then driven at each
-concurrency by that many client threads sending streamed greedy completions (``temperature=0``,
+Each system is started as a child process on a free loopback port and warmed up by one request; then, at each
+concurrency, each system in turn (all stay loaded, so drift in the machine's load hits them alike) is driven by that
+many client threads sending streamed greedy completions (``temperature=0``,
 ``stream_options.include_usage``) over the bench prompt sets (code, prose, edit; the same prompts in the same
 order for every system) until ``--requests`` requests have finished. Per concurrency it reports:
 
@@ -187,20 +188,22 @@ def main() -> int:
     chosen = prompt_sets.select(prompt_sets.parse_prompt_spec(args.prompts))
     texts = [t for i in range(max(len(v) for v in chosen.values())) for v in chosen.values() if i < len(v) for t in [v[i]]]
     log = open(args.server_log or "/dev/null", "a")
-    results, unavailable = {}, {}
-    for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
-        if system == "llama-cpp" and importlib.util.find_spec("llama_cpp") is None:
-            unavailable[system] = "llama-cpp-python is not installed"
-            continue
-        child = start(system, args, log)
-        try:
+    results, unavailable, children = {}, {}, {}
+    try:
+        for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
+            if system == "llama-cpp" and importlib.util.find_spec("llama_cpp") is None:
+                unavailable[system] = "llama-cpp-python is not installed"
+                continue
+            children[system] = child = start(system, args, log)
             one_request(OpenAI(base_url=f"http://127.0.0.1:{child.port}/v1", api_key="none", max_retries=0,
                                timeout=900), args.model, texts[0], args.max_tokens)  # warm-up
             results[system] = []
-            for c in args.concurrency:
+        for c in args.concurrency:  # the systems one after another at each level, so load drift hits them alike
+            for system, child in children.items():
                 results[system].append(drive(child.port, args.model, texts, c, args.requests, args.max_tokens))
                 print(f"{system} c={c}: {results[system][-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
-        finally:
+    finally:
+        for child in children.values():
             child.stop()
     print(table(results))
     for system, why in unavailable.items():
