@@ -496,12 +496,29 @@ def test_arguments_that_cannot_work_are_refused_before_the_model_loads():
     done = _cli("--max-batch", "4")
     assert done.returncode == 2 and "--max-batch 4: only the serial engine is built yet" in done.stderr
     assert "--kv-budget-mib applies to the batched engine" in _cli("--kv-budget-mib", "512").stderr
-    assert "--draft goes with --speculative draft or hybrid" in _cli("--speculative", "self", "--draft", MODEL).stderr
+    assert "--draft goes with --speculative draft, hybrid or suffix_hybrid" in _cli("--speculative", "self", "--draft",
+                                                                                   MODEL).stderr
+    assert "--suffix-cache shared goes with --speculative suffix" in _cli("--suffix-cache", "shared").stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         done = _cli("--port", str(taken.getsockname()[1]))
     assert done.returncode == 2 and "cannot listen on 127.0.0.1" in done.stderr
+
+
+def test_the_servers_suffix_cache_is_private_unless_shared_is_asked_for():
+    """In a server, requests draft from each other's outputs only with --suffix-cache shared."""
+    from xpuspec.cli import build_parser
+    from xpuspec.serve.command import _speculative
+
+    def spec(*args):
+        return _speculative(build_parser().parse_args(["serve", MODEL, *args]))
+
+    assert spec("--speculative", "suffix").share_across_requests is False
+    assert spec("--speculative", "suffix_hybrid", "--draft", MODEL).share_across_requests is False
+    assert spec("--speculative", "suffix_hybrid", "--draft", MODEL).draft == MODEL
+    assert spec("--speculative", "suffix", "--suffix-cache", "shared").share_across_requests is True
+    assert spec("--speculative", "prompt_lookup").mode == "prompt_lookup" and spec() is None
 
 
 class FailingBackend:

@@ -31,8 +31,13 @@ def add_arguments(p: argparse.ArgumentParser, formats, default_format: str) -> N
     p.add_argument("--device", default=None, help="device (default $XPUSPEC_DEVICE, else auto)")
     p.add_argument("--backend", default=None, help="force a backend: openvino or torch")
     p.add_argument("--speculative", default=None, metavar="MODE",
-                   help="self | layer_skip | prompt_lookup | hybrid | draft (with --draft) | a draft model path or "
-                        "name (default: plain decoding; requests may still ask for prompt_lookup_num_tokens)")
+                   help="self | layer_skip | prompt_lookup | hybrid | suffix | suffix_hybrid | draft (with --draft) | a "
+                        "draft model path or name (default: plain decoding; requests may still ask for "
+                        "prompt_lookup_num_tokens)")
+    p.add_argument("--suffix-cache", default="private", choices=("private", "shared"),
+                   help="suffix modes: private (default) drafts from each request's own text; shared also from "
+                        "earlier requests' outputs, which tells by timing whether one user's output resembles "
+                        "another's: share only among users who trust each other")
     p.add_argument("--draft", default=None, metavar="M", help="the draft model of --speculative draft or hybrid")
     p.add_argument("--draft-low-bit", default=None, choices=formats,
                    help="draft weight format (self: int4_sym; layer_skip: the target's)")
@@ -63,8 +68,10 @@ def _check(args) -> None:
                          "(the serial engine holds one request's KV cache).")
     if args.speculative == "draft" and args.draft is None:
         raise ValueError("--speculative draft needs --draft MODEL (a draft model path or name).")
-    if args.draft is not None and args.speculative not in (None, "draft", "hybrid"):
-        raise ValueError(f"--draft goes with --speculative draft or hybrid, not {args.speculative}.")
+    if args.draft is not None and args.speculative not in (None, "draft", "hybrid", "suffix_hybrid"):
+        raise ValueError(f"--draft goes with --speculative draft, hybrid or suffix_hybrid, not {args.speculative}.")
+    if args.suffix_cache == "shared" and args.speculative not in ("suffix", "suffix_hybrid"):
+        raise ValueError("--suffix-cache shared goes with --speculative suffix or suffix_hybrid.")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}.")
     if not 0 < args.port < 65536:
@@ -90,8 +97,10 @@ def _speculative(args):
     from ..speculative.config import resolve_speculative
 
     options = dict(draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
-    if args.draft is not None and args.speculative != "hybrid":  # --speculative draft, or --draft alone
+    if args.draft is not None and args.speculative not in ("hybrid", "suffix_hybrid"):  # draft, or --draft alone
         return resolve_speculative(args.draft, **options)
+    if args.speculative in ("suffix", "suffix_hybrid"):  # no request drafts from another's unless shared
+        options["share_across_requests"] = args.suffix_cache == "shared"
     spec = resolve_speculative(args.speculative, **options)
     return spec if args.draft is None else replace(spec, draft=args.draft)
 
