@@ -1,8 +1,8 @@
 """SpeculativeConfig: which drafter, and how long its drafts are.
 
 ``from_pretrained(..., speculative=X)`` accepts ``True`` (self-speculation), ``"self"``,
-``"layer_skip"``, ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
-:class:`SpeculativeConfig`.
+``"layer_skip"``, ``"prompt_lookup"``, ``"hybrid"``, ``"suffix"``, ``"suffix_hybrid"``, a draft model path or
+name, or a :class:`SpeculativeConfig`.
 """
 
 import numbers
