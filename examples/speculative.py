@@ -2,7 +2,7 @@
 
     python examples/speculative.py [MODEL] [--mode MODE] [--draft DRAFT] [--max-new-tokens N]
 
-MODE is one of prompt_lookup (the default), hybrid, self, layer_skip; --draft names a draft model
+MODE is one of prompt_lookup (the default), hybrid, self, layer_skip, suffix, suffix_hybrid; --draft names a draft model
 (a path or a built-in name with the target's tokenizer) and drafts with it. The script generates with
 speculation, then plainly, prints both texts and the speculative request's figures, and exits with
 status 1 if the texts differ.
@@ -20,7 +20,7 @@ PROMPT = ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n    
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="smollm2-135m-instruct")
-    parser.add_argument("--mode", default="prompt_lookup", choices=["prompt_lookup", "hybrid", "self", "layer_skip"])
+    parser.add_argument("--mode", default="prompt_lookup", choices=["prompt_lookup", "hybrid", "self", "layer_skip", "suffix", "suffix_hybrid"])
     parser.add_argument("--draft", default=None, help="a draft model; overrides --mode")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
