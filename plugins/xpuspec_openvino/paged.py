@@ -435,7 +435,9 @@ class PagedSequence(Runner):
         self._length -= n
 
     def reset(self) -> None:
-        self._length = 0
+        """Empty the sequence and give its blocks back (it takes them again as it grows)."""
+        self.runner._give_back(self.blocks)
+        self.blocks, self._length = [], 0
 
     def close(self) -> None:
         """Give the sequence's blocks back to the pool (it cannot run again)."""
