@@ -116,6 +116,7 @@ class Engine:
         self.waiting: List[Job] = []
         self.live: List[Job] = []
         self.steps = 0
+        self.widest = 0  # the most rows a step has verified
 
     # -- joining ------------------------------------------------------------------------------------------------
     def tokens_needed(self, req: Request) -> int:
@@ -196,6 +197,7 @@ class Engine:
             return
         self.steps += 1
         jobs = list(self.live)
+        self.widest = max(self.widest, len(jobs))
         drafts, guessed, draft_s = self._draft(jobs)
         width = self.target.traits.single_step_width
         parts = []
