@@ -50,3 +50,8 @@ def test_export_and_genai_example_gives_one_text(smollm2_path, tmp_path):
     assert (tmp_path / "smollm2-int8" / "openvino_model.xml").is_file()
     genai = next(line for line in out.splitlines() if line.startswith("openvino_genai:"))
     assert "identical: True" in out and len(genai) > len("openvino_genai: ''")
+
+
+def test_batch_example_rows_equal_each_prompt_alone(smollm2_path):
+    out = _run(EXAMPLES / "batch.py", "--max-new-tokens", 12)
+    assert "every row identical to its prompt alone: True" in out and out.count(" -> ") == 3
