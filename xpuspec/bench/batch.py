@@ -28,7 +28,7 @@ PROMPTS = [
     "Explain in simple words why the sky is blue.",
     "class LinkedList:\n    def __init__(self):\n        self.head = None\n\n    def append(self, value):\n",
     "List five tips for writing clear technical documentation.",
-    "def parse_date(text):\n    \"\"\"Parse an ISO date string like 2024-01-31 into a (year, month, day) tuple.\"\"\"\n",
+    "def parse_date(text):\n    \"\"\"Parse an ISO date string like 1999-12-31 into a (year, month, day) tuple.\"\"\"\n",
     "Summarize the plot of Romeo and Juliet in three sentences.",
 ]
 
