@@ -102,6 +102,24 @@ def test_a_row_that_ends_early_is_padded_and_the_others_go_on(ov_int8, tok, alon
     assert [r.new_tokens for r in ov_int8.last_generate_stats.rows] == [first, NEW, NEW, NEW]
 
 
+def test_the_batch_drafts_less_as_it_fills():
+    """Goodput over the whole step: a pass costs the same up to 8 tokens, then grows with its width (compute-bound).
+    One row drafts deep; sixteen rows, whose plain pass already fills the flat part, draft far less each."""
+    from xpuspec.speculative.batch import RowChoice, batch_draft_lengths
+    from xpuspec.speculative.profile import CostProfile
+
+    profile = CostProfile({1: 1.0, 2: 1.0, 8: 1.0, 16: 2.0, 64: 8.0}, 100)
+    row = RowChoice([0.8] * 6, 0.0, 6, 2, 1.0)
+    alone = batch_draft_lengths([row], profile)
+    full = batch_draft_lengths([row] * 16, profile)
+    assert alone[0] == 6
+    assert max(full) == 1  # only the slot of the padded 2-token step, which costs nothing more
+    wide = RowChoice([0.8] * 6, 0.0, 6, 1, 1.0)  # a target whose 1-token pass is not padded
+    assert batch_draft_lengths([wide] * 16, profile) == [0] * 16 and batch_draft_lengths([wide], profile) == [6]
+    costly = RowChoice([0.8] * 6, 0.5, 6, 2, 1.0)  # a draft model's step costs half a pass
+    assert sum(batch_draft_lengths([costly] * 4, profile)) < sum(batch_draft_lengths([row] * 4, profile))
+
+
 def _request(model, prompt):
     import copy
 

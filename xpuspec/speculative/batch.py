@@ -54,8 +54,9 @@ def batch_draft_lengths(rows: Sequence[RowChoice], profile: CostProfile) -> List
     drafting = 0.0
 
     def gain(i: int):
+        """What one more draft in row i adds: tokens, width, drafting seconds; and the row's tokens then."""
         row, n = rows[i], k[i] + 1
-        new_tokens = expected_tokens(row.rates, n) if n > 0 else row.base_tokens
+        new_tokens = expected_tokens(row.rates, n)
         return (new_tokens - tokens[i], max(row.base_width, n + 1) - widths[i], row.draft_step, new_tokens)
 
     best = sum(tokens) / max(profile.pass_s(sum(widths)), 1e-12)
