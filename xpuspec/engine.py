@@ -198,7 +198,13 @@ class Engine:
         self.steps += 1
         jobs = list(self.live)
         self.widest = max(self.widest, len(jobs))
-        drafts, guessed, draft_s = self._draft(jobs)
+        try:
+            drafts, guessed, draft_s = self._draft(jobs)
+        except Exception as exc:  # a drafter failed: the rows of this step fail, the engine goes on
+            for job in jobs:
+                self._fail(job, exc)
+            self.live = []
+            return
         width = self.target.traits.single_step_width
         parts = []
         for job, draft in zip(jobs, drafts):
@@ -210,6 +216,7 @@ class Engine:
         except Exception as exc:  # every row of the pass fails
             for job in jobs:
                 self._fail(job, exc)
+            self.live = []
             return
         verify_s = time.perf_counter() - t1
         total = sum(len(p[1]) for p in parts)

@@ -145,11 +145,13 @@ class XpuspecModelForCausalLM:
                  assistant_model=None, prompt_lookup_num_tokens=None, num_assistant_tokens=None,
                  num_assistant_tokens_schedule=None, assistant_confidence_threshold=None,
                  speculative: Optional[bool] = None, tokenizer=None, **kwargs):
-        """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, batch size 1).
+        """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, one prompt or a batch).
 
         Args:
-            input_ids: LongTensor ``[1, prompt_len]`` (or ``[prompt_len]``).
-            attention_mask: optional ``[1, prompt_len]`` of ones.
+            input_ids: LongTensor ``[1, prompt_len]`` (or ``[prompt_len]``), or a batch ``[B, T]``.
+            attention_mask: optional, of ``input_ids``' shape: ones, or a batch's left or right padding (zeros at one
+                end of each row). A batch runs as rows of one engine (:mod:`xpuspec.engine`, the OpenVINO paged
+                runner), each row with the output it has alone.
             generation_config: a ``GenerationConfig``; defaults to :attr:`generation_config`.
             streamer: a transformers streamer such as ``TextStreamer``.
             assistant_model: an xpuspec model that drafts for this one (any backend or device).
@@ -166,13 +168,15 @@ class XpuspecModelForCausalLM:
 
         Returns:
             LongTensor ``[1, prompt_len + new_tokens]`` (int64, CPU), or
-            ``transformers.generation.GenerateDecoderOnlyOutput`` when ``return_dict_in_generate=True``.
+            ``transformers.generation.GenerateDecoderOnlyOutput`` when ``return_dict_in_generate=True``. A batch
+            gives ``[B, T + new]``, each row padded with ``pad_token_id`` after its end, scores ``[B, vocab]`` per
+            step, and ``last_generate_stats.rows`` per row.
 
         If the prompt plus ``max_new_tokens`` passes the model's context, generation stops at the
         context (fewer new tokens) and one warning is logged.
 
-        Thread-safe: concurrent calls on one model (and on the models drafting for it) run one at a time, each
-        with the output it would have alone.
+        Thread-safe: concurrent calls on one model become rows of one batch on the OpenVINO paged runner (elsewhere
+        they run one at a time), each with the output it would have alone.
 
         With the cost model on (the default), each round drafts the length that the target's measured verify costs
         and the measured acceptance favour, and a draft model that cannot pay stops for the rest of the request (a
@@ -181,13 +185,17 @@ class XpuspecModelForCausalLM:
 
         Raises:
             InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,
-                an ``attention_mask`` of another shape.
+                an ``attention_mask`` of another shape; in a batch, ragged lists, a mask with a hole, a row of zeros,
+                or padding on both sides.
             PromptTooLongError: the prompt leaves no room in the context, or passes the NPU prompt window.
             GenerationConfigError: ``max_new_tokens < 1``, a ``max_length`` the prompt fills, ``do_sample`` with
                 ``temperature <= 0``, a sampling value transformers refuses (``top_k=-1``).
             SpeculativeConfigError: a draft length, schedule or confidence threshold that is not valid, or
                 ``speculative=True`` with nothing to draft with.
-            NotImplementedError: batch > 1, padding, beams, or an unimplemented generation option.
+            NotImplementedError: beams, or an unimplemented generation option.
+            BatchNotSupportedError: a batch on a runner of one sequence (torch backend, pipeline stages, NPU).
+            KVBudgetError: a row whose KV blocks can never fit the runner's KV budget (``set_kv_budget``).
+            ValueError: a streamer with a batch.
             TypeError: an unknown keyword argument, ``max_new_tokens`` not an integer, ``speculative`` not a bool,
                 or an assistant_model that is not an xpuspec model.
             DraftMismatchError: the assistant's vocabulary differs from this model's.
