@@ -67,3 +67,8 @@ def test_serve_client_gets_the_plain_greedy_text_and_the_server_exits_0(ov_int8,
     chat = next(line for line in out.splitlines() if line.startswith("chat, streamed: "))
     assert len(chat) > len("chat, streamed: ''") and "'num_draft_tokens'" in out
     assert out.endswith("server exited with 0\n")
+
+
+def test_batch_example_rows_equal_each_prompt_alone(smollm2_path):
+    out = _run(EXAMPLES / "batch.py", "--max-new-tokens", 12)
+    assert "every row identical to its prompt alone: True" in out and out.count(" -> ") == 3

@@ -10,11 +10,13 @@ import importlib
 
 from .errors import (
     BackendUnavailableError,
+    BatchNotSupportedError,
     CorpusError,
     DeviceNotFoundError,
     DraftMismatchError,
     GenerationConfigError,
     InvalidInputError,
+    KVBudgetError,
     LowBitConfigError,
     ModelSourceError,
     OutputExistsError,
@@ -41,7 +43,8 @@ __all__ = [
     "BUILTIN_MODELS", "pull", "export", "evaluate", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
-    "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError",
+    "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError", "KVBudgetError",
+    "BatchNotSupportedError",
 ]
 
 

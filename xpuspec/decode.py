@@ -100,22 +100,13 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     """
     start = time.perf_counter()
     costs = costs if costs is not None else TargetCosts()
-    req = Request(list(prompt), len(prompt), config, scorer_for(config, len(prompt)), max_new_tokens(config, len(prompt)),
-                  min_new_tokens(config, len(prompt)), frozenset(eos_ids(config)), stop, streamer, drafter, policy)
-    req.stats.prompt_tokens, req.stats.setup_s = len(prompt), setup_s
-    if drafter is not None:  # a speculative request reports its counts, zeros when nothing was drafted
-        req.stats.acceptance_counts = AcceptanceCounts()
+    req = new_request(prompt, config, streamer, drafter, policy, stop, setup_s)
     with torch_on_one_thread([target, *(drafter.runners() if drafter is not None else ())]):
         native = _native_greedy_applies(req) and stop is None
         if drafter is None and native and _hand_over(target, req, costs, "native"):
             return _finish(req, start, costs)
         first_drafter = drafter
-        if not config.do_sample and target.traits.single_step_width > 1:
-            req.guesser = PromptLookupDrafter(*GUESS_NGRAMS)
-        for part in (drafter, req.guesser):
-            if part is not None:
-                part.begin(DraftRequest(req.context, req.scorer, bool(config.do_sample),
-                                        policy.schedule.confidence_threshold if policy else 0.0))
+        begin_drafting(req, target.traits.single_step_width)
         try:
             target.reset()
             t0 = time.perf_counter()
@@ -130,17 +121,65 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
                 policy.profile = costs.profile
             while not req.done:
                 if decode_round(target, req) is Decision.DROP_MODEL:
-                    req.drafter, req.pad_to = req.drafter.without_model(), 0
-                    req.stats.draft_model_stopped_after = req.produced
+                    drop_model(req)
                     if req.drafter is None and native and _hand_over(target, req, costs, "native after speculation"):
                         break
         finally:
             if first_drafter is not None:
                 first_drafter.end()
-        if first_drafter is not None:
-            busy = first_drafter.busy_s
-            req.stats.draft_busy_s = req.stats.draft_s if busy is None else busy
+        end_drafting(req, first_drafter)
         return _finish(req, start, costs)
+
+
+def new_request(prompt: List[int], config: GenerationConfig, streamer=None, drafter: Optional[Drafter] = None,
+                policy: Optional[RequestPolicy] = None, stop: Optional[StopStrings] = None,
+                setup_s: float = 0.0) -> Request:
+    """A :class:`Request` for ``prompt`` under a validated ``config``: the first piece of a request's life (then
+    :func:`begin_drafting`, prefill and rounds of ``verify_and_emit`` and :func:`after_round`, :func:`end_drafting`,
+    ``finish_request``), which :func:`decode` runs for one request and :mod:`xpuspec.engine` for many."""
+    req = Request(list(prompt), len(prompt), config, scorer_for(config, len(prompt)), max_new_tokens(config, len(prompt)),
+                  min_new_tokens(config, len(prompt)), frozenset(eos_ids(config)), stop, streamer, drafter, policy)
+    req.stats.prompt_tokens, req.stats.setup_s = len(prompt), setup_s
+    if drafter is not None:  # a speculative request reports its counts, zeros when nothing was drafted
+        req.stats.acceptance_counts = AcceptanceCounts()
+    return req
+
+
+def begin_drafting(req: Request, single_step_width: int) -> None:
+    """Begin the request's drafter, and a free guesser where the target's 1-token passes run wider
+    (``single_step_width`` > 1, greedy): called before the target's prefill."""
+    if not req.config.do_sample and single_step_width > 1:
+        req.guesser = PromptLookupDrafter(*GUESS_NGRAMS)
+    for part in (req.drafter, req.guesser):
+        if part is not None:
+            part.begin(DraftRequest(req.context, req.scorer, bool(req.config.do_sample),
+                                    req.policy.schedule.confidence_threshold if req.policy else 0.0))
+
+
+def end_drafting(req: Request, first_drafter: Optional[Drafter]) -> None:
+    """End the drafter the request began with and note its busy time."""
+    if first_drafter is not None:
+        busy = first_drafter.busy_s
+        req.stats.draft_busy_s = req.stats.draft_s if busy is None else busy
+
+
+def drop_model(req: Request) -> None:
+    """The policy stopped the draft model: draft with what is free (a hybrid's lookup), or not at all."""
+    req.drafter, req.pad_to = req.drafter.without_model(), 0
+    req.stats.draft_model_stopped_after = req.produced
+
+
+def after_round(req: Request, draft, accepted: int, guessed: bool, draft_s: float, verify_s: float,
+                width: int) -> Decision:
+    """Tell the drafter and the policy what the target kept of ``draft``; returns the policy's decision."""
+    if req.done or not draft.tokens:
+        return Decision.GO_ON
+    if not guessed:
+        req.drafter.accept(accepted)
+    if req.policy is None:
+        return Decision.GO_ON
+    outcome = RoundOutcome(len(draft.tokens), accepted, draft.free, draft_s, verify_s, width)
+    return req.policy.report(outcome, req.produced, req.pad_to)
 
 
 def decode_round(target: Runner, req: Request) -> Decision:
@@ -166,14 +205,7 @@ def decode_round(target: Runner, req: Request) -> Decision:
     stats.draft_s += t1 - t0
     stats.verify_s += t2 - t1
     accepted = _verify_and_emit(target, req, draft, rows, guessed)
-    if req.done or not draft.tokens:
-        return Decision.GO_ON
-    if not guessed:
-        req.drafter.accept(accepted)
-    if req.policy is None:
-        return Decision.GO_ON
-    outcome = RoundOutcome(len(draft.tokens), accepted, draft.free, t1 - t0, t2 - t1, len(verify) + padding)
-    return req.policy.report(outcome, req.produced, req.pad_to)
+    return after_round(req, draft, accepted, guessed, t1 - t0, t2 - t1, len(verify) + padding)
 
 
 def _verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, guessed: bool) -> int:
@@ -262,6 +294,10 @@ def _finish(req: Request, start: float, costs: TargetCosts):
         stats.lookup_pauses = req.policy.pauses
         req.policy.parent.finish(req.policy)
     return req.new, req.scores, req.logits, stats
+
+
+#: The pieces of a request's life an engine of many requests drives (see :func:`new_request`).
+verify_and_emit, finish_request = _verify_and_emit, _finish
 
 
 @contextmanager

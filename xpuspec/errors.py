@@ -71,3 +71,14 @@ class PipelineConfigError(XpuspecError, ValueError):
 class PipelineError(XpuspecError, RuntimeError):
     """A multi-process pipeline failed while it ran: a rank was lost (crashed, killed, timed out),
     or the ranks' decode loops diverged."""
+
+
+class KVBudgetError(XpuspecError, MemoryError):
+    """A request's KV-cache blocks do not fit the KV budget set on the model's runner (``set_kv_budget``): the
+    message names the budget, what the request needs, and what to change (a larger budget, a shorter prompt or
+    ``max_new_tokens``, a smaller batch)."""
+
+
+class BatchNotSupportedError(XpuspecError, NotImplementedError):
+    """Batch > 1 (or threads joining one batch) on a runner that runs one sequence at a time (the torch backend,
+    pipeline stages, the NPU); the message names the alternative."""

@@ -74,6 +74,8 @@ class GenerationStats:
             prompt lookup), or ``None``.
         draft_model_skipped: the policy left the draft model out of this request (it stopped in the last ones).
         lookup_pauses: how often prompt lookup was paused for not paying.
+        rows: in the stats of a batch, each row's own stats (the batch's figures are their sums, its times the
+            batch's wall clock, ``target_forwards`` the batched passes); ``None`` for one request.
     """
 
     prompt_tokens: int = 0
@@ -95,6 +97,7 @@ class GenerationStats:
     draft_model_stopped_after: Optional[int] = None
     draft_model_skipped: bool = False
     lookup_pauses: int = 0
+    rows: Optional[List["GenerationStats"]] = None
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -306,4 +309,66 @@ def pack_output(prompt_ids: torch.Tensor, new: List[int], scores, raw, config: G
         sequences=sequences,
         scores=tuple(scores) if config.output_scores else None,
         logits=tuple(raw) if config.output_logits else None,
+    )
+
+
+def batch_stats(rows: List[GenerationStats]) -> GenerationStats:
+    """The stats of a batch: token and draft counts summed over ``rows``, TTFT the first row's first token, the
+    decode time from then to the last row's last token, the target's passes those of the widest row (every row's
+    pass is one batched pass), and ``rows`` themselves."""
+    total = GenerationStats(rows=list(rows))
+    for name in ("prompt_tokens", "new_tokens", "drafted_tokens", "accepted_tokens", "guessed_tokens",
+                 "guesses_accepted", "lookup_pauses"):
+        setattr(total, name, sum(getattr(r, name) for r in rows))
+    total.ttft_s = min(r.ttft_s for r in rows)
+    total.decode_s = max(r.ttft_s + r.decode_s for r in rows) - total.ttft_s
+    total.target_forwards = max(r.target_forwards for r in rows)
+    total.verify_s = max(r.verify_s for r in rows)
+    total.setup_s = sum(r.setup_s for r in rows)
+    total.draft_s = sum(r.draft_s for r in rows)
+    total.prefill_s = sum(r.prefill_s for r in rows)
+    total.draft_busy_s = sum(r.draft_busy_s for r in rows)
+    counts = [r.acceptance_counts for r in rows if r.acceptance_counts is not None]
+    if counts:
+        size = max(len(c.judged) for c in counts)
+        total.acceptance_counts = AcceptanceCounts(
+            [sum(c.judged[i] for c in counts if i < len(c.judged)) for i in range(size)],
+            [sum(c.accepted[i] for c in counts if i < len(c.accepted)) for i in range(size)])
+    total.engine = "xpuspec batch"
+    return total
+
+
+def pack_batch_output(prompt_ids: torch.Tensor, rows, config: GenerationConfig, vocab_size: int):
+    """What ``transformers.generate`` returns for a batch: ``[B, T + new]`` (``new``: the longest row's new tokens),
+    each row's new tokens after its (padded) prompt and ``pad_token_id`` after a row's end (the first EOS id where
+    no pad token is set, as transformers does); or :class:`GenerateDecoderOnlyOutput` with per-step ``scores`` /
+    ``logits`` of shape ``[B, vocab]`` (a row past its end scores ``pad_token_id`` 0 and every other token -inf).
+
+    Args:
+        prompt_ids: the ``[B, T]`` ids as given; rows: per row ``(new, scores, logits)`` as the decode loop gives.
+    """
+    pad = config.pad_token_id
+    if pad is None:
+        eos = eos_ids(config)
+        pad = eos[0] if eos else 0
+    longest = max(len(r[0]) for r in rows)
+    new = torch.full((len(rows), longest), pad, dtype=torch.long)
+    for i, (tokens, _, _) in enumerate(rows):
+        new[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    sequences = torch.cat([prompt_ids.to("cpu", torch.long), new], dim=1)
+    if not config.return_dict_in_generate:
+        return sequences
+
+    def steps(which):
+        filler = torch.full((1, vocab_size), float("-inf"))
+        filler[0, pad] = 0.0
+        out = []
+        for t in range(longest):
+            out.append(torch.cat([r[which][t] if t < len(r[which]) else filler for r in rows]))
+        return tuple(out)
+
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=steps(1) if config.output_scores else None,
+        logits=steps(2) if config.output_logits else None,
     )

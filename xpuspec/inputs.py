@@ -103,3 +103,102 @@ def clamp_to_context(config: GenerationConfig, prompt_len: int, context: Optiona
                     "generation stops at the context, after at most %d new tokens.",
                     prompt_len, wanted, context, context - prompt_len)
         config.max_new_tokens = context - prompt_len
+
+
+def is_batch(input_ids, attention_mask) -> bool:
+    """Whether ``generate`` gets a batch (more than one row, or padding in the mask) rather than one plain prompt."""
+    if isinstance(input_ids, (list, tuple)) and input_ids and isinstance(input_ids[0], (list, tuple)):
+        if len(input_ids) > 1:
+            return True
+    shape = getattr(input_ids, "shape", None)
+    if shape is not None and len(shape) == 2 and shape[0] > 1:
+        return True
+    if attention_mask is not None:
+        try:
+            return not bool(torch.as_tensor(attention_mask).bool().all())
+        except (TypeError, ValueError, RuntimeError):
+            return False
+    return False
+
+
+def check_batch(input_ids, attention_mask, vocab_size: int):
+    """Validate a batch of prompts as transformers takes it (``tok(prompts, padding=True, return_tensors="pt")``)
+    and return ``(ids, prompts, side)``: the LongTensor ``[B, T]``, each row's unpadded token ids, and the padding
+    side (``"left"``, ``"right"``, or ``None`` where no row is padded).
+
+    Args:
+        input_ids: ``[B, T]`` integer ids (tensor, array, or a list of equal-length lists).
+        attention_mask: ``[B, T]`` of 0 and 1, each row's ones contiguous at one side (left or right padding,
+            the same side for every row); ``None`` when no row is padded.
+        vocab_size: every unmasked id must be below it.
+
+    Raises:
+        InvalidInputError: ragged lists, another shape, a mask that is not 0/1, of another shape, with a hole (a 0
+            between ones), with a row of zeros, or padding both sides; ids outside the vocabulary.
+    """
+    if isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(r, (list, tuple)) for r in input_ids):
+        lengths = sorted({len(r) for r in input_ids})
+        if len(lengths) > 1:
+            raise InvalidInputError(
+                f"input_ids is a ragged list (rows of {lengths} tokens); pad the prompts to one length with a mask, "
+                "as the tokenizer does: tok(prompts, padding=True, return_tensors='pt'), then generate(**batch).")
+    ids = _integer_ids(input_ids)
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise InvalidInputError(f"input_ids must have shape [batch, seq_len] with seq_len >= 1, got {tuple(ids.shape)}.")
+    if attention_mask is None:
+        mask = torch.ones_like(ids)
+    else:
+        try:
+            mask = torch.as_tensor(attention_mask)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise InvalidInputError("attention_mask must be a [batch, seq_len] tensor of 0 and 1 (ragged lists are "
+                                    "not one); pass the mask the tokenizer returned.") from exc
+        mask = mask[None] if mask.dim() == 1 else mask
+        if mask.shape != ids.shape:
+            raise InvalidInputError(f"attention_mask has shape {tuple(mask.shape)} but input_ids has "
+                                    f"{tuple(ids.shape)}; pass the mask the tokenizer returned with these ids.")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise InvalidInputError("attention_mask must hold only 0 (padding) and 1 (tokens).")
+    mask = mask.to(torch.long)
+    prompts, sides = [], set()
+    for i, row in enumerate(mask.tolist()):
+        ones = [j for j, v in enumerate(row) if v]
+        if not ones:
+            raise InvalidInputError(f"attention_mask row {i} is all zeros: that prompt has no tokens. Drop the row "
+                                    "or give it at least one token.")
+        first, last = ones[0], ones[-1]
+        if last - first + 1 != len(ones):
+            raise InvalidInputError(
+                f"attention_mask row {i} has a hole (a 0 between its 1s at positions {first}..{last}): padding must "
+                "sit at one end of a row (left or right padding); pass the mask the tokenizer returned.")
+        if first > 0:
+            sides.add("left")
+        if last < len(row) - 1:
+            sides.add("right")
+        prompts.append(ids[i, first:last + 1].tolist())
+    if len(sides) > 1:
+        raise InvalidInputError("attention_mask pads some rows on the left and others on the right (or rows on both "
+                                "ends); pad every row on one side: tok.padding_side = 'left' (what decoder-only "
+                                "generation expects) or 'right'.")
+    flat = [t for p in prompts for t in p]
+    low, high = min(flat), max(flat)
+    if low < 0 or high >= vocab_size:
+        raise InvalidInputError(
+            f"input_ids holds token id {low if low < 0 else high}, outside this model's vocabulary "
+            f"(0..{vocab_size - 1}); encode the prompts with this model's own tokenizer.")
+    return ids, prompts, (sides.pop() if sides else None)
+
+
+def _integer_ids(input_ids) -> torch.Tensor:
+    if input_ids is None:
+        raise InvalidInputError(
+            "input_ids is required: pass the tokenizer's output, e.g. generate(**tok(prompts, padding=True, "
+            "return_tensors='pt')).")
+    try:
+        ids = torch.as_tensor(input_ids)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidInputError(f"input_ids must be token ids, got {type(input_ids).__name__}; tokenize the text "
+                                "first: tok(prompts, padding=True, return_tensors='pt').input_ids.") from exc
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise InvalidInputError(f"input_ids must be integer token ids, got dtype {ids.dtype}.")
+    return ids.to(torch.long)

@@ -1,5 +1,6 @@
 """The drop-in API: ``AutoModelForCausalLM`` and ``AutoTokenizer`` with transformers' names."""
 
+import copy
 import json
 import logging
 import os
@@ -16,9 +17,10 @@ from .cache import METADATA_FILE, atomic_folder, read_metadata, refuse_replacing
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .decode import decode
-from .generation import check_max_length, pack_output, resolve_generation_config, stop_strings
+from .generation import (batch_stats, check_max_length, pack_batch_output, pack_output, resolve_generation_config,
+                         stop_strings)
 from .hf_folder import check_tokenizer_files
-from .inputs import check_fits, check_input_ids, clamp_to_context
+from .inputs import check_batch, check_fits, check_input_ids, clamp_to_context, is_batch
 from .lowbit import decoder_in_channels, resolve_low_bit
 from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
@@ -72,6 +74,8 @@ class XpuspecModelForCausalLM:
         self._costs = TargetCosts()  # what the runner's passes cost, once measured
         self._suffix_cache = None  # SuffixDecoding's outputs of earlier requests, made on first use
         self._lock = threading.RLock()  # one request at a time on this model's runner (see generate)
+        self._batcher_lock = threading.Lock()
+        self._batcher_obj = None  # concurrent calls' rows in one engine (xpuspec.engine.Batcher), made on first use
 
     @property
     def device_map(self):
@@ -141,11 +145,13 @@ class XpuspecModelForCausalLM:
                  assistant_model=None, prompt_lookup_num_tokens=None, num_assistant_tokens=None,
                  num_assistant_tokens_schedule=None, assistant_confidence_threshold=None,
                  speculative: Optional[bool] = None, tokenizer=None, **kwargs):
-        """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, batch size 1).
+        """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, one prompt or a batch).
 
         Args:
-            input_ids: LongTensor ``[1, prompt_len]`` (or ``[prompt_len]``).
-            attention_mask: optional ``[1, prompt_len]`` of ones.
+            input_ids: LongTensor ``[1, prompt_len]`` (or ``[prompt_len]``), or a batch ``[B, T]``.
+            attention_mask: optional, of ``input_ids``' shape: ones, or a batch's left or right padding (zeros at one
+                end of each row). A batch runs as rows of one engine (:mod:`xpuspec.engine`, the OpenVINO paged
+                runner), each row with the output it has alone.
             generation_config: a ``GenerationConfig``; defaults to :attr:`generation_config`.
             streamer: a transformers streamer such as ``TextStreamer``.
             assistant_model: an xpuspec model that drafts for this one (any backend or device).
@@ -162,13 +168,15 @@ class XpuspecModelForCausalLM:
 
         Returns:
             LongTensor ``[1, prompt_len + new_tokens]`` (int64, CPU), or
-            ``transformers.generation.GenerateDecoderOnlyOutput`` when ``return_dict_in_generate=True``.
+            ``transformers.generation.GenerateDecoderOnlyOutput`` when ``return_dict_in_generate=True``. A batch
+            gives ``[B, T + new]``, each row padded with ``pad_token_id`` after its end, scores ``[B, vocab]`` per
+            step, and ``last_generate_stats.rows`` per row.
 
         If the prompt plus ``max_new_tokens`` passes the model's context, generation stops at the
         context (fewer new tokens) and one warning is logged.
 
-        Thread-safe: concurrent calls on one model (and on the models drafting for it) run one at a time, each
-        with the output it would have alone.
+        Thread-safe: concurrent calls on one model become rows of one batch on the OpenVINO paged runner (elsewhere
+        they run one at a time), each with the output it would have alone.
 
         With the cost model on (the default), each round drafts the length that the target's measured verify costs
         and the measured acceptance favour, and a draft model that cannot pay stops for the rest of the request (a
@@ -177,18 +185,34 @@ class XpuspecModelForCausalLM:
 
         Raises:
             InvalidInputError: empty prompt, ids that are not integers or lie outside the vocabulary,
-                an ``attention_mask`` of another shape.
+                an ``attention_mask`` of another shape; in a batch, ragged lists, a mask with a hole, a row of zeros,
+                or padding on both sides.
             PromptTooLongError: the prompt leaves no room in the context, or passes the NPU prompt window.
             GenerationConfigError: ``max_new_tokens < 1``, a ``max_length`` the prompt fills, ``do_sample`` with
                 ``temperature <= 0``, a sampling value transformers refuses (``top_k=-1``).
             SpeculativeConfigError: a draft length, schedule or confidence threshold that is not valid, or
                 ``speculative=True`` with nothing to draft with.
-            NotImplementedError: batch > 1, padding, beams, or an unimplemented generation option.
+            NotImplementedError: beams, or an unimplemented generation option.
+            BatchNotSupportedError: a batch on a runner of one sequence (torch backend, pipeline stages, NPU).
+            KVBudgetError: a row whose KV blocks can never fit the runner's KV budget (``set_kv_budget``).
+            ValueError: a streamer with a batch.
             TypeError: an unknown keyword argument, ``max_new_tokens`` not an integer, ``speculative`` not a bool,
                 or an assistant_model that is not an xpuspec model.
             DraftMismatchError: the assistant's vocabulary differs from this model's.
         """
-        input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)
+        spec_args = (prompt_lookup_num_tokens, num_assistant_tokens, num_assistant_tokens_schedule,
+                     assistant_confidence_threshold)
+        batch = None
+        if is_batch(input_ids, attention_mask):
+            batch = check_batch(input_ids, attention_mask, self.runner.vocab_size)
+            if streamer is not None and len(batch[1]) > 1:
+                raise ValueError("TextStreamer only supports batch size 1: a streamer takes one row of tokens "
+                                 f"(got a batch of {len(batch[1])}); stream one prompt per generate call.")
+            if int(kwargs.get("num_beams") or 1) > 1:
+                raise NotImplementedError(f"Beam search (num_beams={kwargs['num_beams']}) is not supported; use "
+                                          "num_beams=1.")
+        else:
+            input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)
         if assistant_model is not None and not isinstance(assistant_model, XpuspecModelForCausalLM):
             raise TypeError(
                 f"assistant_model must be an xpuspec model, got {type(assistant_model).__name__}; "
@@ -197,6 +221,16 @@ class XpuspecModelForCausalLM:
         if assistant_model is not None and assistant_model.runner is self.runner:
             raise ValueError("assistant_model is this model itself; they would share one KV cache. "
                              "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative=True.")
+        if batch is not None:
+            return self._generate_rows(*batch, generation_config, streamer, assistant_model, spec_args, speculative,
+                                       tokenizer, kwargs)
+        if self._batchable(assistant_model):  # a call while another runs joins it as a row of one batch
+            with self._solo(assistant_model, self.draft_model) as alone:
+                if alone:
+                    return self._generate(input_ids, generation_config, streamer, assistant_model,
+                                          *spec_args, speculative, tokenizer, kwargs)
+            return self._generate_rows(input_ids, [input_ids[0].tolist()], None, generation_config, streamer,
+                                       assistant_model, spec_args, speculative, tokenizer, kwargs)
         with self._exclusive(assistant_model, self.draft_model):
             return self._generate(input_ids, generation_config, streamer, assistant_model, prompt_lookup_num_tokens,
                                   num_assistant_tokens, num_assistant_tokens_schedule,
@@ -233,6 +267,21 @@ class XpuspecModelForCausalLM:
         context = self._context_length()
         check_fits(input_ids.shape[1], context, self.runner.max_prompt_len, self.device_name)
         clamp_to_context(config, input_ids.shape[1], context)
+        plan, policy, setup_s, skipped = self._policy_for(plan, config)
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer,
+                                         None if plan is None else plan.drafter, policy, self._costs, stop, setup_s)
+        stats.draft_model_skipped = skipped
+        if streamer is not None:
+            streamer.end()
+        self.last_generate_stats = stats
+        return pack_output(input_ids, new, scores, raw, config)
+
+    def _policy_for(self, plan, config, target_steps: bool = True):
+        """``(plan, policy, setup_s, skipped)`` of one request: the policy of ``plan``'s drafter, the plan without
+        its draft model where the policy skips it. ``target_steps``: prepare the target for mixed widths too (a
+        request alone; the batched engine verifies through one compiled copy)."""
         policy, setup_s, skipped = None, 0.0, False
         if plan is not None:
             sample = bool(config.do_sample)
@@ -243,17 +292,95 @@ class XpuspecModelForCausalLM:
                 book = None if plan is None else self._policies.policy(plan.kind, None, sample, False, plan.name)
             if plan is not None:
                 policy = book.begin(plan.schedule, self._costs.profile, plan.drafter.uses_model)
-                for runner in plan.drafter.runners() or [self.runner]:  # whose passes will alternate widths
-                    setup_s += runner.expect_mixed_widths()
+                for runner in plan.drafter.runners() or ([self.runner] if target_steps else []):
+                    setup_s += runner.expect_mixed_widths()  # whose passes will alternate widths
+        return plan, policy, setup_s, skipped
+
+    # -- batches: rows of one engine (xpuspec.engine) ---------------------------------------------------------
+    def _batchable(self, assistant_model) -> bool:
+        """Whether this model and its drafts verify several sequences in one pass (the OpenVINO paged runner)."""
+        return all(hasattr(m.runner, "forward_batch") and not m.runner.traits.lockstep
+                   for m in (self, assistant_model, self.draft_model) if m is not None)
+
+    def _batcher(self):
+        """This model's :class:`xpuspec.engine.Batcher`, made on first use."""
+        from .engine import Batcher, Engine
+
+        with self._batcher_lock:
+            if self._batcher_obj is None:
+                self._batcher_obj = Batcher(Engine(self.runner, self._costs), lambda model: model._lock)
+            return self._batcher_obj
+
+    @contextmanager
+    def _solo(self, *others):
+        """Yield whether this call may run alone as before (batch 1): no batch is running or waiting and every
+        model's lock is free at once; the locks are then held inside the block (never waited for here)."""
+        models = sorted({id(m): m for m in (self, *others) if m is not None}.values(), key=id)
+        if self._batcher_obj is not None and not self._batcher_obj.idle:
+            yield False
+            return
+        with ExitStack() as stack:
+            for model in models:
+                if not model._lock.acquire(blocking=False):
+                    yield False
+                    return
+                stack.callback(model._lock.release)
+            yield True
+
+    def _generate_rows(self, ids, prompts, side, generation_config, streamer, assistant_model, spec_args,
+                       speculative, tokenizer, kwargs):
+        """:meth:`generate` for ``prompts`` (one per row of ``ids``), as rows of this model's engine."""
+        from .decode import new_request
+        from .engine import Job, check_batch_runner
+
+        for model in (self, assistant_model, self.draft_model):
+            if model is not None:
+                check_batch_runner(model.runner, f"generate with a batch of {len(prompts)}")
+        if speculative is not None and not isinstance(speculative, bool):
+            raise TypeError(f"speculative must be True, False or None, got {speculative!r}.")
+        if speculative and self.speculative_config is None and assistant_model is None and spec_args[0] is None:
+            raise SpeculativeConfigError(
+                "generate(speculative=True) on a model loaded without speculation has nothing to draft with: load it "
+                "with from_pretrained(..., speculative=...), or pass assistant_model= or prompt_lookup_num_tokens=.")
+        base = resolve_generation_config(self.generation_config, generation_config, kwargs)
+        stop = stop_strings(base, tokenizer)
+        context = self._context_length()
+        configs = []
+        for prompt in prompts:
+            config = copy.deepcopy(base)
+            check_max_length(config, len(prompt))
+            check_fits(len(prompt), context, self.runner.max_prompt_len, self.device_name)
+            clamp_to_context(config, len(prompt), context)
+            configs.append(config)
+
+        def prepare(prompt, config, row_streamer):
+            def make():  # in the driver's thread, holding the models' locks
+                plan = plan_speculation(
+                    self, None if speculative is False else self.speculative_config, speculative is not False,
+                    assistant_model, *spec_args)
+                plan, policy, setup_s, skipped = self._policy_for(plan, config, target_steps=False)
+                req = new_request(prompt, config, row_streamer, None if plan is None else plan.drafter, policy,
+                                  stop, setup_s)
+                req.stats.draft_model_skipped = skipped
+                return req
+            return make
+
+        models = tuple(m for m in (self, assistant_model, self.draft_model) if m is not None)
+        jobs = [Job(prepare(p, c, streamer), models) for p, c in zip(prompts, configs)]
         if streamer is not None:
-            streamer.put(input_ids.cpu())
-        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer,
-                                         None if plan is None else plan.drafter, policy, self._costs, stop, setup_s)
-        stats.draft_model_skipped = skipped
+            streamer.put(ids.cpu())
+        self._batcher().run(jobs)
         if streamer is not None:
             streamer.end()
-        self.last_generate_stats = stats
-        return pack_output(input_ids, new, scores, raw, config)
+        failed = next((j.error for j in jobs if j.error is not None), None)
+        if failed is not None:
+            raise failed
+        results = [j.result for j in jobs]
+        self.last_generate_stats = batch_stats([r[3] for r in results]) if len(jobs) > 1 else results[0][3]
+        if len(jobs) == 1 and side is None:
+            new, scores, raw, _ = results[0]
+            return pack_output(ids, new, scores, raw, base)
+        return pack_batch_output(ids, [r[:3] for r in results], base, self.runner.vocab_size)
 
     def __call__(self, input_ids=None, attention_mask=None, labels=None, past_key_values=None,
                  use_cache=None, return_dict=None) -> CausalLMOutputWithPast:

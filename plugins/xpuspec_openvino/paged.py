@@ -29,13 +29,13 @@ not decode for such a runner.
 import logging
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import openvino as ov
 import torch
 
-from xpuspec.errors import ModelSourceError
+from xpuspec.errors import KVBudgetError, ModelSourceError
 from xpuspec.runner import Runner, RunnerTraits, on_whole_vocabulary
 
 from . import numerics
@@ -105,7 +105,13 @@ def check_cpu_cache_precision(core: ov.Core, device: str, config: dict) -> None:
 
 
 class PagedRunner(Runner):
-    """A whole model on one device, with a paged KV cache (batch size 1); see the module docstring.
+    """A whole model on one device, with a paged KV cache; see the module docstring.
+
+    The cache is a pool of blocks shared by sequences: the runner's own (its batch-1 Runner methods) and any
+    opened with :meth:`open_sequence`, each a :class:`PagedSequence` holding its own block table. One
+    :meth:`forward_batch` runs a single inference over several sequences, as openvino_genai's continuous batching
+    feeds ``PagedAttention`` (concatenated tokens, per-sequence ``past_lens``, ``subsequence_begins`` and block
+    tables). :meth:`set_kv_budget` caps the blocks in use (:class:`xpuspec.errors.KVBudgetError` past it).
 
     Args:
         core: the ``openvino.Core`` to compile with.
@@ -144,9 +150,12 @@ class PagedRunner(Runner):
         self.block_size = int(value_shape[2].get_length())
         self.weight_bytes = (self.folder / MODEL_BIN).stat().st_size
         self.execution_devices = [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]
-        self._blocks = 0
-        self._length = 0
-        self._grow(capacity)
+        self._blocks = 0  # blocks allocated in the cache tensors
+        self._free: List[int] = []  # allocated blocks no sequence holds
+        self._budget_blocks: Optional[int] = None  # at most this many blocks in use (set_kv_budget)
+        self.block_bytes = 0  # bytes of one block over every layer's key and value cache
+        self._grow(-(-capacity // self.block_size))
+        self._own = PagedSequence(self)  # the sequence the batch-1 Runner methods run on
         self._genai = GenAIGreedy(self.folder, device.upper(), config, attention_backend="PA")
         # rollback of the padding is free, and the wide copy keeps one width
         self.traits = RunnerTraits(single_step_width=self._probe_single_step(is_cpu), fixed_verify_width=True)
@@ -162,7 +171,7 @@ class PagedRunner(Runner):
 
     @property
     def length(self) -> int:
-        return self._length
+        return self._own.length
 
     @property
     def compiled_copies(self) -> int:
@@ -184,7 +193,7 @@ class PagedRunner(Runner):
         width = self.traits.single_step_width
         for _ in range(WARM_UP_PASSES):  # past the cache's contents, which stay as they are
             self._pass([0] * width, 1, step=True)
-            self._length -= width
+            self._own.rollback(width)
         return time.perf_counter() - start
 
     @property
@@ -194,56 +203,162 @@ class PagedRunner(Runner):
 
     @property
     def capacity(self) -> int:
-        """Tokens the KV cache holds now."""
-        return self._blocks * self.block_size
+        """Tokens the runner's own sequence holds before its next block is taken from the pool."""
+        return self._own.capacity
 
-    def _grow(self, tokens: int) -> None:
-        """Reallocate the cache for at least ``tokens`` tokens (doubling), keeping what it holds."""
-        blocks = max(-(-tokens // self.block_size), 2 * self._blocks)
+    # -- the block pool ---------------------------------------------------------------------------------------
+    @property
+    def blocks_in_use(self) -> int:
+        """KV blocks held by sequences (the runner's own included)."""
+        return self._blocks - len(self._free)
+
+    @property
+    def kv_budget_blocks(self) -> Optional[int]:
+        """The most blocks in use (:meth:`set_kv_budget`), or ``None`` for no limit."""
+        return self._budget_blocks
+
+    def set_kv_budget(self, budget_bytes: Optional[int]) -> None:
+        """Cap the KV cache's blocks in use at ``budget_bytes`` (``None``: no cap). A pass that would need more
+        raises :class:`xpuspec.errors.KVBudgetError` before it runs.
+
+        Raises:
+            ValueError: a budget below one block (:attr:`block_bytes` bytes), or not an integer.
+        """
+        if budget_bytes is None:
+            self._budget_blocks = None
+            return
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < self.block_bytes:
+            raise ValueError(f"set_kv_budget({budget_bytes!r}): give an integer number of bytes of at least one KV "
+                             f"block ({self.block_bytes} bytes: {self.block_size} tokens over every layer).")
+        self._budget_blocks = budget_bytes // self.block_bytes
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks a sequence of ``tokens`` tokens holds."""
+        return -(-tokens // self.block_size)
+
+    def budget_message(self, needed_blocks: int, what: str) -> str:
+        """What :class:`KVBudgetError` says: the budget, what is needed, and what to change."""
+        budget = self._budget_blocks
+        return (f"{what} needs {needed_blocks} KV blocks ({needed_blocks * self.block_bytes / 2**20:.1f} MiB, "
+                f"{self.block_size} tokens a block) but the KV budget is {budget} blocks "
+                f"({budget * self.block_bytes / 2**20:.1f} MiB; {self.blocks_in_use} in use). Raise the budget "
+                "(runner.set_kv_budget(bytes), `xpuspec serve --kv-budget-mib`), or shorten the prompt or "
+                "max_new_tokens, or run fewer sequences at once.")
+
+    def _take(self, n: int, what: str) -> List[int]:
+        """``n`` free blocks, growing the pool (doubling, within the budget).
+
+        Raises:
+            KVBudgetError: more blocks in use than the budget allows; nothing is taken.
+        """
+        if n <= 0:
+            return []
+        if self._budget_blocks is not None and self.blocks_in_use + n > self._budget_blocks:
+            raise KVBudgetError(self.budget_message(self.blocks_in_use + n, what))
+        if len(self._free) < n:
+            self._grow(self._blocks + n - len(self._free))
+        taken, self._free = self._free[:n], self._free[n:]
+        return taken
+
+    def _give_back(self, blocks: List[int]) -> None:
+        self._free = sorted(self._free + list(blocks))
+
+    def _grow(self, blocks: int) -> None:
+        """Reallocate the cache for at least ``blocks`` blocks (doubling), keeping what it holds; block ids stay."""
+        blocks = max(blocks, 2 * self._blocks)
+        if self._budget_blocks is not None:
+            blocks = max(min(blocks, self._budget_blocks), self._blocks + 1)
+        block_bytes = 0
         for port in self._cache_inputs:
             shape = [blocks] + [d.get_length() for d in list(port.partial_shape)[1:]]
             tensor = ov.Tensor(port.element_type, shape)
             if self._blocks:
                 tensor.data[: self._blocks] = self._wide.get_tensor(port.any_name).data
+                tensor.data[self._blocks:] = 0
             else:
                 tensor.data[:] = 0
+            block_bytes += tensor.byte_size // blocks
             self._step.set_tensor(port.any_name, tensor)
             self._wide.set_tensor(port.any_name, tensor)
-        self._blocks = blocks
+        self._free = sorted(self._free + list(range(self._blocks, blocks)))
+        self._blocks, self.block_bytes = blocks, block_bytes
 
-    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
-        keep = min(logits_to_keep or len(tokens), len(tokens))
-        step = self.traits.single_step_width if exact else 1  # the width of this runner's 1-token steps
-        padding = max(0, step - len(tokens))
-        if padding:  # a 1-token pass that would compute differently from wider ones (module docstring)
-            rows = self._pass(list(tokens) + [tokens[-1]] * padding, keep + padding, step=True)[:keep]
-            self._length -= padding
-            return rows
-        return self._pass(tokens, keep, step=len(tokens) == step)
+    # -- sequences --------------------------------------------------------------------------------------------
+    def open_sequence(self) -> "PagedSequence":
+        """A new empty sequence on this runner's compiled model and block pool (close it to free its blocks)."""
+        return PagedSequence(self)
 
-    def _pass(self, tokens: Sequence[int], keep: int, step: bool = False) -> torch.Tensor:
-        """One inference over ``tokens``, appended to the cache; the logits of the last ``keep``. ``step``: a pass
-        of the steps' width, run on the steps' copy."""
-        n, past = len(tokens), self._length
-        end = past + n
-        if end > self.capacity:
-            self._grow(end)
-        blocks = -(-end // self.block_size)
+    def forward_batch(self, parts: Sequence[Tuple["PagedSequence", Sequence[int]]]) -> List[torch.Tensor]:
+        """One inference over several sequences of this runner: ``parts`` is ``[(sequence, tokens), ...]`` (each
+        sequence at most once, tokens non-empty), each appended to its own sequence's cache.
+
+        Returns:
+            per part, float32 ``[len(tokens), vocab_size]``: row i scores the token after ``tokens[i]``. Each part's
+            tokens run as given (a caller that wants a 1-token part to compute as a wider one pads it).
+
+        Raises:
+            KVBudgetError: the parts' new blocks do not fit the budget (no sequence changes).
+            ValueError: a sequence of another runner, a sequence twice, or an empty part.
+        """
+        seqs = [seq for seq, _ in parts]
+        if len({id(s) for s in seqs}) != len(seqs) or any(s.runner is not self or s.closed for s in seqs):
+            raise ValueError("forward_batch: each part needs an open sequence of this runner, each at most once.")
+        if not parts or any(len(tokens) == 0 for _, tokens in parts):
+            raise ValueError("forward_batch: give at least one part, each with at least one token.")
+        total = sum(len(t) for _, t in parts)
+        rows = self._infer(parts, total, step=False)
+        out, at = [], 0
+        for _, tokens in parts:
+            out.append(rows[at:at + len(tokens)])
+            at += len(tokens)
+        return out
+
+    def _infer(self, parts, keep: int, step: bool) -> torch.Tensor:
+        """One inference over ``parts`` (``[(sequence, tokens)]``); the logits of the last ``keep`` tokens of all."""
+        taken = []
+        try:
+            for seq, tokens in parts:
+                taken.append((seq, seq.reserve(seq.length + len(tokens))))
+        except KVBudgetError:
+            for seq, blocks in taken:
+                seq.release(blocks)
+            raise
+        ids, positions, past_lens, begins, table, table_begins = [], [], [], [0], [], [0]
+        longest = 0
+        for seq, tokens in parts:
+            past, end = seq.length, seq.length + len(tokens)
+            ids.extend(tokens)
+            positions.extend(range(past, end))
+            past_lens.append(past)
+            begins.append(begins[-1] + len(tokens))
+            table.extend(seq.blocks[:self.blocks_for(end)])
+            table_begins.append(len(table))
+            longest = max(longest, end)
         feed: Dict[str, np.ndarray] = {
-            "input_ids": np.asarray(tokens, dtype=np.int64),
-            "position_ids": np.arange(past, end, dtype=np.int64),
-            "past_lens": np.array([past], dtype=np.int32),
-            "subsequence_begins": np.array([0, n], dtype=np.int32),
-            "block_indices": np.arange(blocks, dtype=np.int32),
-            "block_indices_begins": np.array([0, blocks], dtype=np.int32),
-            "max_context_len": np.array(end, dtype=np.int32),
+            "input_ids": np.asarray(ids, dtype=np.int64),
+            "position_ids": np.asarray(positions, dtype=np.int64),
+            "past_lens": np.asarray(past_lens, dtype=np.int32),
+            "subsequence_begins": np.asarray(begins, dtype=np.int32),
+            "block_indices": np.asarray(table, dtype=np.int32),
+            "block_indices_begins": np.asarray(table_begins, dtype=np.int32),
+            "max_context_len": np.array(longest, dtype=np.int32),
             LOGITS_TO_KEEP: np.array([keep], dtype=np.int64),
         }
         request = self._step if step else self._wide
         request.infer(feed, share_inputs=True)
-        self._length = end
+        for seq, tokens in parts:
+            seq._length += len(tokens)
         rows = torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep, -1))
         return on_whole_vocabulary(rows, self.head_tokens, self.vocab_size)
+
+    # -- the runner's own sequence (batch 1) ------------------------------------------------------------------
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
+        return self._own.forward(tokens, logits_to_keep, exact)
+
+    def _pass(self, tokens: Sequence[int], keep: int, step: bool = False) -> torch.Tensor:
+        """One inference over ``tokens``, appended to the runner's own sequence; the logits of the last ``keep``.
+        ``step``: a pass of the steps' width, run on the steps' copy."""
+        return self._infer([(self._own, tokens)], keep, step)
 
     def native_greedy(self, prompt, max_new_tokens, min_new_tokens, eos, on_token):
         """openvino_genai's C++ loop with its paged-attention backend on the same IR and device; ``None``
@@ -254,9 +369,78 @@ class PagedRunner(Runner):
         return self._genai.generate(prompt, max_new_tokens, min_new_tokens, eos, on_token)
 
     def rollback(self, n: int) -> None:
+        self._own.rollback(n)
+
+    def reset(self) -> None:
+        self._own.reset()
+
+
+class PagedSequence(Runner):
+    """One sequence on a :class:`PagedRunner`'s compiled model and block pool: a Runner of its own (forward,
+    rollback, reset), for the batched engine and for drafters of concurrent requests. :meth:`close` gives its
+    blocks back to the pool; :meth:`reserve` takes blocks ahead (an engine admitting a request)."""
+
+    def __init__(self, runner: PagedRunner):
+        self.runner = runner
+        self.blocks: List[int] = []
+        self._length = 0
+        self.closed = False
+        for name in ("device", "vocab_size", "weight_bytes", "num_layers", "head_tokens", "block_size"):
+            setattr(self, name, getattr(runner, name))
+
+    @property
+    def traits(self) -> RunnerTraits:
+        return self.runner.traits
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        return len(self.blocks) * self.block_size
+
+    def reserve(self, tokens: int) -> List[int]:
+        """Hold blocks for ``tokens`` tokens; returns the blocks newly taken.
+
+        Raises:
+            KVBudgetError: they do not fit the runner's KV budget (nothing is taken).
+        """
+        if self.closed:
+            raise ValueError("this sequence is closed; open a new one with runner.open_sequence().")
+        need = self.runner.blocks_for(tokens) - len(self.blocks)
+        taken = self.runner._take(need, f"a sequence of {tokens} tokens")
+        self.blocks += taken
+        return taken
+
+    def release(self, blocks: List[int]) -> None:
+        """Give back ``blocks`` (the last taken, from :meth:`reserve`)."""
+        keep = set(blocks)
+        self.blocks = [b for b in self.blocks if b not in keep]
+        self.runner._give_back(blocks)
+
+    def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
+        keep = min(logits_to_keep or len(tokens), len(tokens))
+        step = self.traits.single_step_width if exact else 1  # the width of the runner's 1-token steps
+        padding = max(0, step - len(tokens))
+        if padding:  # a 1-token pass that would compute differently from wider ones (module docstring)
+            rows = self.runner._infer([(self, list(tokens) + [tokens[-1]] * padding)], keep + padding, step=True)
+            self._length -= padding
+            return rows[:keep]
+        return self.runner._infer([(self, tokens)], keep, step=len(tokens) == step)
+
+    def rollback(self, n: int) -> None:
         if not 0 <= n <= self._length:
             raise ValueError(f"rollback({n}) with {self._length} tokens in the KV cache")
         self._length -= n
 
     def reset(self) -> None:
-        self._length = 0
+        """Empty the sequence and give its blocks back (it takes them again as it grows)."""
+        self.runner._give_back(self.blocks)
+        self.blocks, self._length = [], 0
+
+    def close(self) -> None:
+        """Give the sequence's blocks back to the pool (it cannot run again)."""
+        if not self.closed:
+            self.runner._give_back(self.blocks)
+            self.blocks, self._length, self.closed = [], 0, True

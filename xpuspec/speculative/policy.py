@@ -364,6 +364,22 @@ class RequestPolicy:
         self.pauses += 1
         self.free_counts = AcceptanceCounts()
 
+    # -- for a batch of requests (xpuspec.speculative.batch) ----------------------------------------------------
+    def rates_for(self, by_model: bool, longest: int) -> List[float]:
+        """The conditional acceptance rates of draft positions 1..``longest`` for a round a model drafts
+        (``by_model``) or a free one."""
+        if by_model:
+            return self.model_counts.rates(longest, self.parent.model_counts)
+        return self.free_counts.rates(longest)
+
+    def draft_step_s(self) -> float:
+        """Seconds of one drafted token by the model (needs :attr:`profile`)."""
+        return self._draft_step()
+
+    def guess_rate(self) -> float:
+        """The acceptance rate of a padded plain step's free guess."""
+        return self.guesses.rates(1)[0]
+
 
 class PolicyBook:
     """The speculation policies of one target model: one per (drafter kind, draft model, greedy or sampling), kept

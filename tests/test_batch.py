@@ -1,0 +1,324 @@
+"""Batched generate on the OpenVINO paged runner (xpuspec.engine): every row equals the same prompt decoded alone
+(greedy, every speculative mode, left and right padding), rows leave at EOS and join mid-run, one row's rollback
+leaves the others' logits as fresh forwards give them, sampling follows the target's distribution per row, bad
+input is refused, and concurrent threads become rows of one batch."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from xpuspec import AutoModelForCausalLM, BatchNotSupportedError, KVBudgetError, SpeculativeConfig
+from xpuspec.errors import InvalidInputError
+
+from conftest import MODEL
+
+#: Eight prompts of different lengths (code and prose).
+PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "import numpy as np\n\ndef normalize(x):\n    \"\"\"Scale x to unit norm.\"\"\"",
+    "Once upon a time, in a small village,",
+    "Hi",
+    "List three colours: red, green,",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):",
+    "Water boils at",
+]
+NEW = 20
+
+
+@pytest.fixture(scope="module")
+def spec_model(smollm2_path):
+    """int8 SmolLM2 with an int4 self-draft and prompt lookup (hybrid), cost model off: every round drafts."""
+    spec = SpeculativeConfig(mode="hybrid", num_assistant_tokens=3, num_assistant_tokens_schedule="constant",
+                             cost_model=False)
+    return AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative=spec)
+
+
+@pytest.fixture(scope="module")
+def tok(tokenizer):
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    return tokenizer
+
+
+def _modes(model, ov_int8):
+    """mode -> (model, generate kwargs)."""
+    return {
+        "plain": (model, dict(speculative=False)),
+        "prompt_lookup": (ov_int8, dict(prompt_lookup_num_tokens=3)),  # with the cost model (batch goodput)
+        "hybrid": (model, {}),
+        "draft": (model, dict(assistant_model=model.draft_model)),
+    }
+
+
+def _alone(model, tok, prompt, **kwargs):
+    ids = tok(prompt, return_tensors="pt").input_ids
+    return model.generate(ids, max_new_tokens=NEW, do_sample=False, **kwargs)[0, ids.shape[1]:].tolist()
+
+
+@pytest.fixture(scope="module")
+def alone(spec_model, ov_int8, tok):
+    """Each prompt decoded alone (batch 1, the decode loop), per mode."""
+    return {mode: [_alone(m, tok, p, **kw) for p in PROMPTS] for mode, (m, kw) in _modes(spec_model, ov_int8).items()}
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("mode", ["plain", "prompt_lookup", "hybrid", "draft"])
+def test_batched_greedy_equals_each_prompt_alone(spec_model, ov_int8, tok, alone, mode, side):
+    model, kwargs = _modes(spec_model, ov_int8)[mode]
+    tok.padding_side = side
+    batch = tok(PROMPTS, padding=True, return_tensors="pt")
+    out = model.generate(**batch, max_new_tokens=NEW, do_sample=False, pad_token_id=tok.pad_token_id, **kwargs)
+    width = batch.input_ids.shape[1]
+    assert out.shape == (len(PROMPTS), width + max(len(a) for a in alone[mode]))
+    assert torch.equal(out[:, :width], batch.input_ids)
+    for i, expected in enumerate(alone[mode]):
+        assert out[i, width:width + len(expected)].tolist() == expected, (mode, side, PROMPTS[i])
+    stats = model.last_generate_stats
+    assert len(stats.rows) == len(PROMPTS)
+    assert [r.new_tokens for r in stats.rows] == [len(a) for a in alone[mode]]
+    assert stats.new_tokens == sum(len(a) for a in alone[mode])
+    if mode in ("hybrid", "draft"):  # the cost model is off: rows drafted, and verification kept the output
+        assert stats.drafted_tokens > 0 and all(r.drafted_tokens > 0 for r in stats.rows)
+    tok.padding_side = "left"
+
+
+def test_a_row_that_ends_early_is_padded_and_the_others_go_on(ov_int8, tok, alone):
+    plain = alone["plain"]
+    eos = next(t for t in plain[0][2:] if all(t not in row for row in plain[1:4]))  # the first row ends early
+    assert plain[0].index(eos) < NEW - 4
+    batch = tok(PROMPTS[:4], padding=True, return_tensors="pt")
+    out = ov_int8.generate(**batch, max_new_tokens=NEW, do_sample=False, eos_token_id=eos, pad_token_id=7,
+                           return_dict_in_generate=True, output_scores=True)
+    width = batch.input_ids.shape[1]
+    first = plain[0].index(eos) + 1
+    assert out.sequences[0, width:].tolist() == plain[0][:first] + [7] * (NEW - first)
+    for i in (1, 2, 3):
+        assert out.sequences[i, width:].tolist() == plain[i]
+    assert len(out.scores) == NEW and out.scores[0].shape == (4, ov_int8.runner.vocab_size)
+    assert [int(s[1].argmax()) for s in out.scores] == plain[1]  # per-row scores
+    assert int(out.scores[-1][0].argmax()) == 7  # past its end, a row scores its padding
+    assert [r.new_tokens for r in ov_int8.last_generate_stats.rows] == [first, NEW, NEW, NEW]
+
+
+def test_the_batch_drafts_less_as_it_fills():
+    """Goodput over the whole step: a pass costs the same up to 8 tokens, then grows with its width (compute-bound).
+    One row drafts deep; sixteen rows, whose plain pass already fills the flat part, draft far less each."""
+    from xpuspec.speculative.batch import RowChoice, batch_draft_lengths
+    from xpuspec.speculative.profile import CostProfile
+
+    profile = CostProfile({1: 1.0, 2: 1.0, 8: 1.0, 16: 2.0, 64: 8.0}, 100)
+    row = RowChoice([0.8] * 6, 0.0, 6, 2, 1.0)
+    alone = batch_draft_lengths([row], profile)
+    full = batch_draft_lengths([row] * 16, profile)
+    assert alone[0] == 6
+    assert max(full) == 1  # only the slot of the padded 2-token step, which costs nothing more
+    wide = RowChoice([0.8] * 6, 0.0, 6, 1, 1.0)  # a target whose 1-token pass is not padded
+    assert batch_draft_lengths([wide] * 16, profile) == [0] * 16 and batch_draft_lengths([wide], profile) == [6]
+    costly = RowChoice([0.8] * 6, 0.5, 6, 2, 1.0)  # a draft model's step costs half a pass
+    assert sum(batch_draft_lengths([costly] * 4, profile)) < sum(batch_draft_lengths([row] * 4, profile))
+
+
+def _request(model, prompt):
+    import copy
+
+    from xpuspec.decode import new_request
+
+    config = copy.deepcopy(model.generation_config)
+    config.max_new_tokens, config.do_sample = NEW, False
+    return new_request(prompt, config)
+
+
+def test_a_sequence_joins_mid_run(ov_int8, tok, alone):
+    from xpuspec.engine import Engine, Job
+
+    engine = Engine(ov_int8.runner)
+    jobs = [Job(None) for _ in range(3)]
+    for job, prompt in zip(jobs, PROMPTS[:3]):
+        job.req = _request(ov_int8, tok(prompt).input_ids)
+    engine.submit(jobs[0])
+    engine.submit(jobs[1])
+    for _ in range(5):
+        engine.step()
+    assert jobs[0].req.produced >= 6 and len(engine.live) == 2
+    engine.submit(jobs[2])  # joins between steps
+    in_use = ov_int8.runner.blocks_in_use
+    while not engine.idle:
+        engine.step()
+    for job, expected in zip(jobs, alone["plain"][:3]):
+        assert job.error is None and job.result[0] == expected
+    assert ov_int8.runner.blocks_in_use < in_use  # the rows that left gave their blocks back
+
+
+def test_one_rows_rollback_leaves_the_others_as_fresh_forwards_give_them(ov_int8, tok):
+    runner = ov_int8.runner
+    pa, pb = tok(PROMPTS[0]).input_ids, tok(PROMPTS[2]).input_ids
+    x, y = [pa[-1], 11, 12, 13, 14], [pb[-1], 21]
+    a, b = runner.open_sequence(), runner.open_sequence()
+    a.forward(pa, logits_to_keep=1)
+    b.forward(pb, logits_to_keep=1)
+    runner.forward_batch([(a, x), (b, y)])
+    a.rollback(3)  # a rejects three drafts; b keeps everything
+    ra, rb = runner.forward_batch([(a, [15, 16]), (b, [22, 23, 24])])
+    fa, fb = runner.open_sequence(), runner.open_sequence()  # the same passes, each sequence alone
+    fa.forward(pa, logits_to_keep=1)
+    fa.forward(x)
+    fa.rollback(3)
+    fb.forward(pb, logits_to_keep=1)
+    fb.forward(y)
+    assert torch.equal(fa.forward([15, 16]), ra) and torch.equal(fb.forward([22, 23, 24]), rb)
+    ga, gb = runner.open_sequence(), runner.open_sequence()  # fresh: one prefill over each kept history
+    ga.forward(pa + x[:2])
+    gb.forward(pb + y)
+    assert float((ga.forward([15, 16]) - ra).abs().max()) < 1e-3
+    assert float((gb.forward([22, 23, 24]) - rb).abs().max()) < 1e-3
+    for seq in (a, b, fa, fb, ga, gb):
+        seq.close()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(input_ids=[[1, 2, 3], [4, 5]]), "ragged"),
+    (dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), attention_mask=torch.tensor([[1, 0, 1], [1, 1, 1]])), "hole"),
+    (dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), attention_mask=torch.tensor([[0, 1, 1], [1, 1, 0]])),
+     "left and others on the right"),
+    (dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), attention_mask=torch.tensor([[0, 0, 0], [1, 1, 1]])),
+     "all zeros"),
+    (dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), attention_mask=torch.tensor([[1, 1], [1, 1]])), "shape"),
+    (dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), attention_mask=torch.tensor([[2, 1, 1], [1, 1, 1]])), "0"),
+])
+def test_bad_batches_are_refused(ov_int8, bad, message):
+    with pytest.raises(InvalidInputError, match=message):
+        ov_int8.generate(**bad, max_new_tokens=2)
+
+
+def test_beams_and_streamers_refuse_a_batch(ov_int8, tok):
+    from transformers import TextStreamer
+
+    batch = tok(PROMPTS[:2], padding=True, return_tensors="pt")
+    with pytest.raises(NotImplementedError, match="num_beams"):
+        ov_int8.generate(**batch, max_new_tokens=2, num_beams=2)
+    with pytest.raises(ValueError, match="batch size 1"):
+        ov_int8.generate(**batch, max_new_tokens=2, streamer=TextStreamer(tok))
+
+
+def test_a_batch_past_the_kv_budget_is_refused_and_the_model_goes_on(ov_int8, tok, alone):
+    runner = ov_int8.runner
+    batch = tok(PROMPTS[:2], padding=True, return_tensors="pt")
+    runner.set_kv_budget(runner.block_bytes)  # one block (32 tokens): a row of 40 new tokens can never fit
+    try:
+        with pytest.raises(KVBudgetError, match="KV budget is 1 blocks") as caught:
+            ov_int8.generate(**batch, max_new_tokens=2 * NEW, do_sample=False)
+        assert "set_kv_budget" in str(caught.value)
+        out = ov_int8.generate(**batch, max_new_tokens=NEW, do_sample=False)  # one row fits: the other waits for it
+        assert [out[i, batch.input_ids.shape[1]:].tolist() for i in range(2)] == alone["plain"][:2]
+    finally:
+        runner.set_kv_budget(None)
+    out = ov_int8.generate(**batch, max_new_tokens=NEW, do_sample=False)
+    assert out[0, batch.input_ids.shape[1]:].tolist() == alone["plain"][0]
+
+
+def test_a_runner_of_one_sequence_refuses_a_batch(tiny_pair):
+    target, _ = tiny_pair
+    with pytest.raises(BatchNotSupportedError, match="OpenVINO backend|once per prompt"):
+        target.generate(torch.tensor([[1, 3, 4], [1, 5, 6]]), max_new_tokens=2)
+
+
+def test_concurrent_threads_become_rows_of_one_batch(ov_int8, tok, alone):
+    """The model's lock is held (a request running alone) while four threads call generate: they queue as rows,
+    and once the lock is free one of them drives all four in one batch, each with its output alone."""
+    out, errors = {}, []
+
+    def work(i):
+        try:
+            ids = tok(PROMPTS[i], return_tensors="pt").input_ids
+            out[i] = ov_int8.generate(ids, max_new_tokens=NEW, do_sample=False)[0, ids.shape[1]:].tolist()
+        except Exception as exc:  # reported below
+            errors.append(repr(exc))
+
+    batcher = ov_int8._batcher()
+    widest = batcher.engine.widest
+    batcher.engine.widest = 0
+    with ov_int8._lock:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while len(batcher.pending) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(batcher.pending) == 4
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert [out[i] for i in range(4)] == alone["plain"][:4]
+    assert batcher.engine.widest == 4
+    batcher.engine.widest = max(widest, 4)
+
+
+# -- sampling: per-row distributions at batch 4, on tiny models (their exact distributions are computable) ----------
+@pytest.fixture(scope="module")
+def tiny_ov_pair(tmp_path_factory):
+    from tiny import tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_ov")
+    spec = SpeculativeConfig(mode="draft", draft=str(tiny_model(root / "draft", seed=2)), num_assistant_tokens=2,
+                             num_assistant_tokens_schedule="constant", cost_model=False, draft_vocab_size=0)
+    return AutoModelForCausalLM.from_pretrained(tiny_model(root / "target", seed=1), device="cpu",
+                                                backend="openvino", speculative=spec)
+
+
+def _exact_marginals(runner, prompt, vocab):
+    """P(t2) and P(t3) of the target at temperature 1 after ``prompt``."""
+    def probs(ids):
+        runner.reset()
+        return torch.softmax(runner.forward(ids, logits_to_keep=1)[0, :vocab].double(), dim=-1)
+
+    p1 = probs(prompt)
+    p2, p3 = torch.zeros(vocab, dtype=torch.double), torch.zeros(vocab, dtype=torch.double)
+    for a in range(vocab):
+        q2 = probs(prompt + [a])
+        p2 += p1[a] * q2
+        for b in range(vocab):
+            p3 += p1[a] * q2[b] * probs(prompt + [a, b])
+    runner.reset()
+    return p2, p3
+
+
+def _sampled(model, prompt, calls):
+    """Counts of t2 and t3 per row over ``calls`` batches of four rows of ``prompt``."""
+    vocab = model.config.vocab_size
+    counts = torch.zeros(4, 2, vocab, dtype=torch.double)
+    ids = torch.tensor([prompt] * 4)
+    for _ in range(calls):
+        out = model.generate(ids, max_new_tokens=3, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             eos_token_id=None, pad_token_id=0)
+        for row in range(4):
+            t2, t3 = out[row, len(prompt) + 1:len(prompt) + 3].tolist()
+            counts[row, 0, t2] += 1
+            counts[row, 1, t3] += 1
+    return counts / calls
+
+
+def _tv(p, q):
+    return 0.5 * float((p - q).abs().sum())
+
+
+def test_rejection_sampling_per_row_follows_the_target_at_batch_4(tiny_ov_pair, monkeypatch):
+    """1000 rows: sampling noise puts TV near 0.05; a rule that accepts every draft follows the draft instead."""
+    import xpuspec.decode as decode
+
+    torch.manual_seed(0)
+    prompt = [1, 5, 9]
+    vocab = tiny_ov_pair.config.vocab_size
+    p2, p3 = _exact_marginals(tiny_ov_pair.runner, prompt, vocab)
+    seen = _sampled(tiny_ov_pair, prompt, 250)
+    assert tiny_ov_pair.last_generate_stats.drafted_tokens > 0
+    assert _tv(seen[:, 0].mean(0), p2) < 0.08 and _tv(seen[:, 1].mean(0), p3) < 0.08
+    assert max(_tv(seen[row, 0], p2) for row in range(4)) < 0.15
+
+    def accept_everything(drafts, draft_probs, target_probs, generator=None):
+        return len(drafts), int(torch.multinomial(target_probs[len(drafts)], 1))
+
+    monkeypatch.setattr(decode, "rejection_sample", accept_everything)
+    broken = _sampled(tiny_ov_pair, prompt, 100)
+    assert _tv(broken[:, 0].mean(0), p2) > 0.2

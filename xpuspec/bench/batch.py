@@ -1,0 +1,162 @@
+"""Batched throughput: xpuspec's engine beside openvino_genai's continuous batching, on the same IR and prompts.
+
+    python -m xpuspec.bench.batch --batch-size 1,4,8 [--model smollm2-135m-instruct] [--max-new-tokens 48]
+
+Systems (each in a process of its own, so that its peak RSS is its own): ``xpuspec-plain``, ``xpuspec-lookup``
+(prompt lookup, cost model on), ``xpuspec-hybrid`` (int4 self-draft and prompt lookup), ``genai-cb``
+(``openvino_genai.LLMPipeline`` with a ``SchedulerConfig``), ``genai-cb-lookup`` (``prompt_lookup=True``),
+``genai-cb-draft`` (``draft_model=`` the int4 self-draft's IR). Every call generates exactly ``--max-new-tokens``
+per prompt (EOS suppressed by ``min_new_tokens``). Each batch size is timed ``--repeats`` times after one warm-up;
+figures are medians: aggregate tokens/s (all rows' new tokens over the call's wall time), per-request tokens/s
+(a row's new tokens over its own time), TTFT, and the process's peak RSS.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import List
+
+SYSTEMS = ("xpuspec-plain", "xpuspec-lookup", "xpuspec-hybrid", "genai-cb", "genai-cb-lookup", "genai-cb-draft")
+PROMPTS = [
+    "def quicksort(items):\n    \"\"\"Sort a list of numbers and return the sorted list.\"\"\"\n",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "import json\n\ndef load_config(path):\n    \"\"\"Read a JSON config file and return it as a dict.\"\"\"\n",
+    "Explain in simple words why the sky is blue.",
+    "class LinkedList:\n    def __init__(self):\n        self.head = None\n\n    def append(self, value):\n",
+    "List five tips for writing clear technical documentation.",
+    "def parse_date(text):\n    \"\"\"Parse an ISO date string like 1999-12-31 into a (year, month, day) tuple.\"\"\"\n",
+    "Summarize the plot of Romeo and Juliet in three sentences.",
+]
+
+
+def _rows(batch: int) -> List[str]:
+    return [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+
+
+def _xpuspec(system: str, model_name: str, sizes: List[int], new: int, repeats: int) -> dict:
+    from xpuspec import AutoModelForCausalLM, AutoTokenizer
+
+    spec = "hybrid" if system == "xpuspec-hybrid" else None
+    model = AutoModelForCausalLM.from_pretrained(model_name, device="cpu", load_in_low_bit="int8_asym", speculative=spec)
+    tok = AutoTokenizer.from_pretrained(model_name)
+    tok.pad_token, tok.padding_side = tok.pad_token or tok.eos_token, "left"
+    kwargs = dict(prompt_lookup_num_tokens=3) if system == "xpuspec-lookup" else {}
+    out = {}
+    for b in sizes:
+        batch = tok(_rows(b), padding=True, return_tensors="pt")
+        runs = []
+        for r in range(1 + repeats):
+            t0 = time.perf_counter()
+            model.generate(**batch, max_new_tokens=new, min_new_tokens=new, do_sample=False, **kwargs)
+            wall = time.perf_counter() - t0
+            stats = model.last_generate_stats
+            rows = stats.rows or [stats]
+            if r:
+                runs.append(dict(aggregate=sum(s.new_tokens for s in rows) / wall,
+                                 per_request=statistics.mean(s.new_tokens / (s.ttft_s + s.decode_s) for s in rows),
+                                 ttft_ms=1000 * statistics.mean(s.ttft_s for s in rows),
+                                 drafted=sum(s.drafted_tokens for s in rows),
+                                 accepted=sum(s.accepted_tokens for s in rows)))
+        out[b] = _median(runs)
+    return out
+
+
+def _genai(system: str, model_name: str, sizes: List[int], new: int, repeats: int) -> dict:
+    import openvino_genai as og
+
+    from xpuspec import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(model_name, device="cpu", load_in_low_bit="int8_asym")
+    folder = str(target.runner.folder)  # the IR xpuspec runs
+    extra = {}
+    if system == "genai-cb-draft":
+        draft = AutoModelForCausalLM.from_pretrained(model_name, device="cpu", load_in_low_bit="int4_sym")
+        extra["draft_model"] = og.draft_model(str(draft.runner.folder), "CPU")
+        del draft
+    if system == "genai-cb-lookup":
+        extra["prompt_lookup"] = True
+    del target
+    scheduler = og.SchedulerConfig()
+    scheduler.cache_size = 1  # GiB of KV cache
+    scheduler.max_num_batched_tokens = 2048
+    pipe = og.LLMPipeline(folder, "CPU", scheduler_config=scheduler, **extra)
+    config = og.GenerationConfig()
+    config.max_new_tokens = config.min_new_tokens = new
+    if system == "genai-cb-lookup":
+        config.num_assistant_tokens, config.max_ngram_size = 3, 3
+    if system == "genai-cb-draft":
+        config.num_assistant_tokens = 4
+    out = {}
+    for b in sizes:
+        runs = []
+        for r in range(1 + repeats):
+            t0 = time.perf_counter()
+            res = pipe.generate(_rows(b), config)
+            wall = time.perf_counter() - t0
+            if r:
+                metrics = res.perf_metrics
+                runs.append(dict(aggregate=b * new / wall, per_request=new / wall,
+                                 ttft_ms=float(metrics.get_ttft().mean)))
+        out[b] = _median(runs)
+    return out
+
+
+def _median(runs: List[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def _child(args) -> None:
+    sizes = [int(b) for b in args.batch_size.split(",")]
+    run = _xpuspec if args.system.startswith("xpuspec") else _genai
+    figures = run(args.system, args.model, sizes, args.max_new_tokens, args.repeats)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"system": args.system, "peak_rss_mib": rss, "by_batch": figures}))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xpuspec.bench.batch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--batch-size", default="1,4,8", help="comma-separated batch sizes (default 1,4,8)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--system", help=argparse.SUPPRESS)  # one system, in a child process
+    parser.add_argument("--json", default=None, help="write the figures here too")
+    args = parser.parse_args(argv)
+    if args.system:
+        _child(args)
+        return 0
+    results = []
+    for system in args.systems.split(","):
+        cmd = [sys.executable, "-m", "xpuspec.bench.batch", "--system", system, "--model", args.model,
+               "--batch-size", args.batch_size, "--max-new-tokens", str(args.max_new_tokens),
+               "--repeats", str(args.repeats)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            print(f"{system}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+            continue
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def table(results: List[dict]) -> str:
+    """A Markdown table: one line per system and batch size."""
+    lines = ["| system | batch | aggregate tok/s | per-request tok/s | TTFT ms | peak RSS MiB |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for b, f in r["by_batch"].items():
+            lines.append(f"| {r['system']} | {b} | {f['aggregate']:.1f} | {f['per_request']:.1f} | "
+                         f"{f['ttft_ms']:.0f} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
