@@ -1,6 +1,6 @@
 """``xpuspec serve`` as a client sees it: a real server process on 127.0.0.1, the real ``openai`` client, SmolLM2.
 
-One server (hybrid speculation with a draft model, an API key, 15 queue places) is shared by all tests; the last
+One server (hybrid speculation with a draft model, an API key, continuous batching of 4, 12 queue places) is shared by all tests; the last
 test stops it with SIGTERM. Greedy outputs are compared, token for token (as text), with ``model.generate`` on the
 same prompt in this process.
 """
@@ -112,13 +112,14 @@ class Server:
             time.sleep(0.2)
 
 
-#: Requests that may wait: 16 concurrent requests fit (one runs), a 17th gets a 429.
-MAX_QUEUE = 15
+#: Requests decoded together, and requests that may wait: 16 concurrent requests fit, a 17th gets a 429.
+MAX_BATCH, MAX_QUEUE = 4, 12
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
     s = Server("--speculative", "hybrid", "--draft", MODEL, "--draft-low-bit", FORMAT, "--max-queue", str(MAX_QUEUE),
+               "--max-batch", str(MAX_BATCH),
                key=KEY)
     yield s
     s.stop()
@@ -260,7 +261,7 @@ def test_sixteen_concurrent_streams_equal_their_single_request_outputs(server, t
         assert (text, reason, usage.completion_tokens) == want, (prompt, n, mode)
     tokens = sum(u.completion_tokens for _, _, u in got)
     print(f"\n16 concurrent streams: {tokens} tokens in {wall:.1f} s = {tokens / wall:.1f} tokens/s in aggregate "
-          f"(serial engine); the same requests one by one in this process, plain: {tokens / alone:.1f} tokens/s")
+          f"(continuous batching, max batch {MAX_BATCH}); the same requests one by one in this process, plain: {tokens / alone:.1f} tokens/s")
 
 
 def test_client_disconnect_cancels_its_request(server, tokenizer, greedy):
@@ -451,15 +452,15 @@ def test_full_queue_gets_429_with_retry_after_and_queued_clients_can_leave(serve
     server.wait_idle()
     client = server.client()
     streams = [client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=2000, temperature=0,
-                                         stream=True) for _ in range(1 + MAX_QUEUE)]
-    _wait_for(server, 1, MAX_QUEUE)
+                                         stream=True) for _ in range(MAX_BATCH + MAX_QUEUE)]
+    _wait_for(server, MAX_BATCH, MAX_QUEUE)
     r = server.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2})
     assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
     error = r.json()["error"]
     assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    for stream in reversed(streams):  # the queued ones first, then the one running
+    for stream in reversed(streams):  # the queued ones first, then the running ones
         stream.close()
     server.wait_idle()
     want = expected(tokenizer, greedy, tokenizer(CODE).input_ids, 8)
@@ -475,7 +476,7 @@ def test_sigterm_drains_running_and_queued_requests_then_exits_0(server, tokeniz
     threads = [_stream_in_thread(server, *jobs[0], out)]
     _wait_for(server, 1, 0)
     threads.append(_stream_in_thread(server, *jobs[1], out))
-    _wait_for(server, 1, 1)
+    _wait_for(server, 2, 0)
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=180) == 0
     for t in threads:
@@ -493,9 +494,9 @@ def _cli(*args):
 
 
 def test_arguments_that_cannot_work_are_refused_before_the_model_loads():
-    done = _cli("--max-batch", "4")
-    assert done.returncode == 2 and "--max-batch 4: only the serial engine is built yet" in done.stderr
-    assert "--kv-budget-mib applies to the batched engine" in _cli("--kv-budget-mib", "512").stderr
+    done = _cli("--max-batch", "0")
+    assert done.returncode == 2 and "--max-batch must be at least 1, got 0" in done.stderr
+    assert "--kv-budget-mib must be at least 1" in _cli("--kv-budget-mib", "0").stderr
     assert "--draft goes with --speculative draft, hybrid or suffix_hybrid" in _cli("--speculative", "self", "--draft",
                                                                                    MODEL).stderr
     assert "--suffix-cache shared goes with --speculative suffix" in _cli("--suffix-cache", "shared").stderr

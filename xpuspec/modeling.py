@@ -17,7 +17,8 @@ from .cache import METADATA_FILE, atomic_folder, read_metadata, refuse_replacing
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .decode import decode
-from .generation import (batch_stats, check_max_length, pack_batch_output, pack_output, resolve_generation_config,
+from .engine import DEFAULT_MAX_BATCH
+from .generation import (GenerationStats, batch_stats, check_max_length, pack_batch_output, pack_output, resolve_generation_config,
                          stop_strings)
 from .hf_folder import check_tokenizer_files
 from .inputs import check_batch, check_fits, check_input_ids, clamp_to_context, is_batch
@@ -48,7 +49,10 @@ class XpuspecModelForCausalLM:
         backend_name: entry-point name of the backend (``"openvino"``, ``"torch"``).
         low_bit: the :class:`LowBitConfig` applied, or ``None``.
         runner: the backend's :class:`xpuspec.runner.Runner`.
-        last_generate_stats: :class:`xpuspec.generation.GenerationStats` of the last ``generate`` call.
+        last_generate_stats: :class:`xpuspec.generation.GenerationStats` of this thread's last ``generate`` call
+            (each thread sees its own, as concurrent calls become rows of one batch).
+        max_batch: the most rows the batched engine verifies in one step (concurrent calls and batch rows past it
+            wait); read when the engine is first made.
         speculative_config: the :class:`SpeculativeConfig` given at load time, or ``None``.
         draft_model: the draft model of ``"self"``, ``"hybrid"`` or ``"draft"`` speculation, or ``None``.
     """
@@ -67,7 +71,8 @@ class XpuspecModelForCausalLM:
         self.device_name = device_name
         self.runner = runner
         self.low_bit = low_bit
-        self.last_generate_stats = None
+        self._thread_stats = threading.local()  # last_generate_stats, per calling thread
+        self.max_batch = DEFAULT_MAX_BATCH
         self.speculative_config: Optional[SpeculativeConfig] = None
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
         self._policies = PolicyBook(runner.traits.single_step_width)  # speculation across requests, per drafter
@@ -224,7 +229,7 @@ class XpuspecModelForCausalLM:
         if batch is not None:
             return self._generate_rows(*batch, generation_config, streamer, assistant_model, spec_args, speculative,
                                        tokenizer, kwargs)
-        if self._batchable(assistant_model):  # a call while another runs joins it as a row of one batch
+        if self.can_batch(assistant_model):  # a call while another runs joins it as a row of one batch
             with self._solo(assistant_model, self.draft_model) as alone:
                 if alone:
                     return self._generate(input_ids, generation_config, streamer, assistant_model,
@@ -297,8 +302,17 @@ class XpuspecModelForCausalLM:
         return plan, policy, setup_s, skipped
 
     # -- batches: rows of one engine (xpuspec.engine) ---------------------------------------------------------
-    def _batchable(self, assistant_model) -> bool:
-        """Whether this model and its drafts verify several sequences in one pass (the OpenVINO paged runner)."""
+    @property
+    def last_generate_stats(self) -> Optional[GenerationStats]:
+        return getattr(self._thread_stats, "value", None)
+
+    @last_generate_stats.setter
+    def last_generate_stats(self, stats: Optional[GenerationStats]) -> None:
+        self._thread_stats.value = stats
+
+    def can_batch(self, assistant_model=None) -> bool:
+        """Whether this model, its draft model and ``assistant_model`` verify several sequences in one pass (the
+        engine's runners: OpenVINO's paged runner), so that batches and concurrent calls run as rows of one batch."""
         return all(hasattr(m.runner, "forward_batch") and not m.runner.traits.lockstep
                    for m in (self, assistant_model, self.draft_model) if m is not None)
 
@@ -308,7 +322,7 @@ class XpuspecModelForCausalLM:
 
         with self._batcher_lock:
             if self._batcher_obj is None:
-                self._batcher_obj = Batcher(Engine(self.runner, self._costs), lambda model: model._lock)
+                self._batcher_obj = Batcher(Engine(self.runner, self._costs, self.max_batch), lambda model: model._lock)
             return self._batcher_obj
 
     @contextmanager

@@ -1,10 +1,13 @@
 """What the server asks of the model, behind one small class.
 
-:class:`SerialBackend` runs one request at a time through the model's ``generate``. The batched engine (continuous
-batching, the batched-engine issue) is to take its place behind the same contract: :meth:`SerialBackend.run` called
-from up to :attr:`~SerialBackend.max_running` worker threads at once, each request's new tokens handed to its
-``on_tokens`` as they come, ``on_tokens`` returning ``False`` to end that request at once (a stop string, a client
-gone). Nothing else in :mod:`xpuspec.serve` touches the model.
+The contract: :meth:`SerialBackend.run` is called from up to :attr:`~SerialBackend.max_running` worker threads at
+once, each request's new tokens handed to its ``on_tokens`` as they come, ``on_tokens`` returning ``False`` to end
+that request at once (a stop string, a client gone). Nothing else in :mod:`xpuspec.serve` touches the model.
+
+- :class:`BatchedBackend` (continuous batching): concurrent ``generate`` calls on a model whose runners verify
+  several sequences in one pass become rows of the model's engine (:mod:`xpuspec.engine`); a request joins between
+  steps and leaves, freeing its KV blocks, as soon as it ends.
+- :class:`SerialBackend`: one request at a time, for runners that decode one sequence (torch, pipeline stages).
 
 Per-request speculative figures follow vLLM's spec-decode metrics (``num_drafts``, ``num_draft_tokens``,
 ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``): :class:`SpeculativeUsage`.
@@ -20,7 +23,7 @@ from ..errors import SpeculativeConfigError
 from ..generation import GenerationStats, eos_ids
 
 #: What the server reports of its engine while requests run one at a time.
-SERIAL_NOTE = ("requests run one at a time (the batched engine is not built yet): "
+SERIAL_NOTE = ("requests run one at a time (this model's backend decodes one sequence): "
                "concurrent requests wait in the queue")
 
 
@@ -173,8 +176,8 @@ class SerialBackend:
 
     def __init__(self, model):
         self.model = model
-        self._lock = threading.Lock()  # generate is not thread-safe (the model holds one KV cache)
-        self._running = False
+        self._lock = threading.Lock()  # one request at a time
+        self._running = 0  # requests in generate
 
     @property
     def context_length(self) -> Optional[int]:
@@ -227,38 +230,75 @@ class SerialBackend:
 
     def run(self, prompt_ids: Sequence[int], params: GenerationParams,
             on_tokens: Callable[[List[int]], bool]) -> Finished:
-        """Generate a continuation of ``prompt_ids``, handing new tokens to ``on_tokens`` as they come (in the calling
-        thread); generation ends when ``on_tokens`` returns ``False``. Blocks while another request runs.
+        """Generate a continuation of ``prompt_ids``, handing new tokens to ``on_tokens`` as they come (possibly
+        in another request's thread: the engine's driver); generation ends when ``on_tokens`` returns ``False``.
+        Blocks while another request runs (:class:`BatchedBackend`: joins it instead).
 
         Raises:
             whatever ``generate`` raises for settings it refuses (:mod:`xpuspec.errors`).
         """
+        with self._lock:
+            self._running += 1
+            try:
+                return self._generate(prompt_ids, params, on_tokens)
+            finally:
+                self._running -= 1
+
+    def _generate(self, prompt_ids, params: GenerationParams, on_tokens) -> Finished:
         import torch
 
-        kwargs = params.generate_kwargs()
         streamer = _Streamer(on_tokens)
-        with self._lock:
-            self._running = True
-            try:
-                if params.seed is not None and params.temperature > 0:
-                    torch.manual_seed(params.seed)
-                try:
-                    self.model.generate(torch.tensor([list(prompt_ids)], dtype=torch.long), streamer=streamer,
-                                        **kwargs)
-                except _Ended:
-                    return Finished(len(prompt_ids), len(streamer.delivered), FinishReason.CALLER)
-                stats = self.model.last_generate_stats
-            finally:
-                self._running = False
+        if params.seed is not None and params.temperature > 0:
+            torch.manual_seed(params.seed)
+        try:
+            self.model.generate(torch.tensor([list(prompt_ids)], dtype=torch.long), streamer=streamer,
+                                **params.generate_kwargs())
+        except _Ended:
+            return Finished(len(prompt_ids), len(streamer.delivered), FinishReason.CALLER)
+        stats = self.model.last_generate_stats  # this thread's call
         new = streamer.delivered
         eos = set(eos_ids(self.model.generation_config))
         reason = FinishReason.EOS if new and new[-1] in eos else FinishReason.LENGTH
         return Finished(len(prompt_ids), len(new), reason, SpeculativeUsage.from_stats(stats))
 
     def kv_blocks_in_use(self) -> int:
-        """KV-cache blocks the running request holds in the target and draft models (runners without blocks
-        count as one block per token); 0 between requests."""
+        """KV-cache blocks the running requests hold in the target and draft models (a runner's block pool, or one
+        block per ``block_size`` tokens of a runner without one); 0 between requests."""
         if not self._running:
             return 0
         runners = [self.model.runner] + ([self.model.draft_model.runner] if self.model.draft_model else [])
-        return sum(math.ceil(getattr(r, "length", 0) / getattr(r, "block_size", 1)) for r in runners)
+        return sum(r.blocks_in_use if hasattr(r, "blocks_in_use")
+                   else math.ceil(getattr(r, "length", 0) / getattr(r, "block_size", 1)) for r in runners)
+
+
+class BatchedBackend(SerialBackend):
+    """Continuous batching: up to ``max_batch`` requests run at once as rows of the model's engine
+    (:mod:`xpuspec.engine`), joining between steps and leaving, with their KV blocks, as soon as they end.
+
+    Args:
+        model: an xpuspec model whose runners verify several sequences in one pass (``model.can_batch()``).
+        max_batch: the most requests decoded together; more wait in the server's queue.
+
+    Raises:
+        ValueError: ``max_batch`` below 1.
+    """
+
+    engine = "batched"
+    note = "continuous batching: requests join the running batch between steps and leave as they end"
+
+    def __init__(self, model, max_batch: int):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}.")
+        super().__init__(model)
+        model.max_batch = self.max_running = max_batch
+
+    def run(self, prompt_ids: Sequence[int], params: GenerationParams,
+            on_tokens: Callable[[List[int]], bool]) -> Finished:
+        with self._lock:
+            self._running += 1
+        try:
+            return self._generate(prompt_ids, params, on_tokens)
+        finally:
+            with self._lock:
+                self._running -= 1
+

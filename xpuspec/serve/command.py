@@ -13,6 +13,9 @@ from dataclasses import replace
 
 from .admission import DEFAULT_MAX_QUEUE
 
+#: Requests decoded together when --max-batch is not given (on a backend that batches).
+DEFAULT_MAX_BATCH = 8
+
 log = logging.getLogger("xpuspec.serve")
 
 API_KEY_ENV = "XPUSPEC_API_KEY"
@@ -42,10 +45,12 @@ def add_arguments(p: argparse.ArgumentParser, formats, default_format: str) -> N
     p.add_argument("--draft-low-bit", default=None, choices=formats,
                    help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
-    p.add_argument("--max-batch", type=int, default=1, metavar="N",
-                   help="requests decoded together (1: the serial engine, the only one built yet)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help=f"requests decoded together by continuous batching (default {DEFAULT_MAX_BATCH}; 1: one at a "
+                        "time); a backend that decodes one sequence (torch, pipeline stages) runs one at a time")
     p.add_argument("--kv-budget-mib", type=int, default=None, metavar="N",
-                   help="KV-cache memory for the batched engine (not built yet)")
+                   help="KV-cache memory of the batched engine, in MiB (default: no limit); requests whose KV "
+                        "blocks do not fit wait")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help=f"requests that may wait for a place to run; past that, HTTP 429 (default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
@@ -60,12 +65,10 @@ def _check(args) -> None:
     Raises:
         ValueError: the reason, and what to do instead.
     """
-    if args.max_batch != 1:
-        raise ValueError(f"--max-batch {args.max_batch}: only the serial engine is built yet, which runs one request "
-                         "at a time (the others wait in the queue); leave --max-batch out.")
-    if args.kv_budget_mib is not None:
-        raise ValueError("--kv-budget-mib applies to the batched engine, which is not built yet; leave it out "
-                         "(the serial engine holds one request's KV cache).")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise ValueError(f"--max-batch must be at least 1, got {args.max_batch}.")
+    if args.kv_budget_mib is not None and args.kv_budget_mib < 1:
+        raise ValueError(f"--kv-budget-mib must be at least 1, got {args.kv_budget_mib}.")
     if args.speculative == "draft" and args.draft is None:
         raise ValueError("--speculative draft needs --draft MODEL (a draft model path or name).")
     if args.draft is not None and args.speculative not in (None, "draft", "hybrid", "suffix_hybrid"):
@@ -124,7 +127,7 @@ def run(args) -> int:
 
     from ..modeling import AutoModelForCausalLM, AutoTokenizer
     from .app import create_app
-    from .backend import SerialBackend
+    from .backend import BatchedBackend, SerialBackend
 
     spec = _speculative(args)
     signal.signal(signal.SIGTERM, _exit_after_drain)
@@ -132,7 +135,16 @@ def run(args) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, device=args.device, backend=args.backend,
                                                  load_in_low_bit=None if args.low_bit == "none" else args.low_bit,
                                                  speculative=spec)
-    backend = SerialBackend(model)
+    if args.kv_budget_mib is not None:
+        if not hasattr(model.runner, "set_kv_budget"):
+            raise ValueError(f"--kv-budget-mib: the {model.backend_name} backend keeps no KV block pool; leave it out, "
+                             "or serve with --backend openvino.")
+        model.runner.set_kv_budget(args.kv_budget_mib * 2**20)
+    max_batch = DEFAULT_MAX_BATCH if args.max_batch is None else args.max_batch
+    if args.max_batch is not None and max_batch > 1 and not model.can_batch():
+        log.warning("--max-batch %d: the %s backend decodes one sequence at a time; requests run one by one "
+                    "(serve with --backend openvino for continuous batching)", max_batch, model.backend_name)
+    backend = BatchedBackend(model, max_batch) if max_batch > 1 and model.can_batch() else SerialBackend(model)
     backend.warm_up()
     name = args.served_model_name or args.model
     app = create_app(backend, tokenizer, name, api_key=args.api_key, max_queue=args.max_queue)
