@@ -345,13 +345,15 @@ class AutoModelForCausalLM:
         torch_dtype=None,
         pipeline_parallel_stages: Optional[int] = None,
         split: Optional[Sequence[int]] = None,
+        gguf_file: Optional[str] = None,
         **kwargs,
     ) -> XpuspecModelForCausalLM:
         """Load a causal LM and place it on a device, compressing its weights if asked.
 
         Args:
             pretrained_model_name_or_path: a built-in name (``"smollm2-135m-instruct"``), a local
-                Hugging Face folder, an OpenVINO IR folder, or a hub id.
+                Hugging Face folder, an OpenVINO IR folder, a GGUF file (converted once, like the built-in models,
+                and cached under its sha256: :func:`xpuspec.sources.pull_gguf`), or a hub id.
             device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"``, ``"auto"`` or a ``torch.device``;
                 default ``$XPUSPEC_DEVICE``, else ``"auto"``. A list such as ``"gpu.0,gpu.1"`` splits the
                 model into pipeline stages, one per device.
@@ -376,6 +378,7 @@ class AutoModelForCausalLM:
                 stage per process, every rank running the same script (see ``xpuspec_torch.pipeline``).
                 See :attr:`device_map`.
             split: decoder layers per stage (e.g. ``[15, 15]``); default: balanced by weight bytes.
+            gguf_file: a GGUF file inside the folder ``pretrained_model_name_or_path`` (transformers' argument).
 
         Raises:
             ModelSourceError: the model cannot be found or is not a model folder.
@@ -387,6 +390,7 @@ class AutoModelForCausalLM:
             PipelineError: a pipeline rank was lost while loading.
             TypeError: an unknown keyword argument.
         """
+        pretrained_model_name_or_path = _with_gguf_file(pretrained_model_name_or_path, gguf_file)
         spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
         if ov_config is not None and not isinstance(ov_config, dict):
             raise TypeError(f"ov_config must be a dict of OpenVINO properties, e.g. {{'PERFORMANCE_HINT': 'LATENCY'}}, "
@@ -470,6 +474,20 @@ class AutoModelForCausalLM:
                                    draft_low_bit=draft_low_bit, draft_device=draft_device)
 
 
+def _with_gguf_file(name_or_path, gguf_file: Optional[str]):
+    """``name_or_path`` joined with transformers' ``gguf_file`` argument (a file inside that folder), if given.
+
+    Raises:
+        ModelSourceError: no such GGUF file in the folder.
+    """
+    if gguf_file is None:
+        return name_or_path
+    path = Path(str(name_or_path)).expanduser() / str(gguf_file)
+    if not path.is_file():
+        raise ModelSourceError(f"gguf_file={str(gguf_file)!r}: no such file in {str(name_or_path)!r} ({path}).")
+    return str(path)
+
+
 #: from_pretrained's private keyword for a draft model's load: SpeculativeConfig.draft_vocab_size.
 _DRAFT_VOCAB_SIZE = "_draft_vocab_size"
 
@@ -533,7 +551,8 @@ def _default_draft_low_bit(spec: SpeculativeConfig, target_low_bit):
 
 
 class AutoTokenizer:
-    """Drop-in for ``transformers.AutoTokenizer`` that also resolves built-in model names and IR folders."""
+    """Drop-in for ``transformers.AutoTokenizer`` that also resolves built-in model names, IR folders and GGUF files
+    (the tokenizer of the converted folder; ``gguf_file=`` as in transformers)."""
 
     def __init__(self):
         raise EnvironmentError("Use AutoTokenizer.from_pretrained(...).")
@@ -547,6 +566,6 @@ class AutoTokenizer:
         """
         from transformers import AutoTokenizer as HFAutoTokenizer
 
-        source = resolve_source(pretrained_model_name_or_path)
+        source = resolve_source(_with_gguf_file(pretrained_model_name_or_path, kwargs.pop("gguf_file", None)))
         check_tokenizer_files(source.path, source.name)
         return HFAutoTokenizer.from_pretrained(source.path, *args, **kwargs)
