@@ -22,6 +22,7 @@ from .errors import (
     PipelineError,
     PromptTooLongError,
     PullError,
+    NumericsError,
     SpeculativeConfigError,
     UnsupportedArchitectureError,
     XpuspecError,
@@ -41,7 +42,7 @@ __all__ = [
     "BUILTIN_MODELS", "pull", "export", "evaluate", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
-    "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError",
+    "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError", "NumericsError",
 ]
 
 

@@ -71,3 +71,8 @@ class PipelineConfigError(XpuspecError, ValueError):
 class PipelineError(XpuspecError, RuntimeError):
     """A multi-process pipeline failed while it ran: a rank was lost (crashed, killed, timed out),
     or the ranks' decode loops diverged."""
+
+
+class NumericsError(XpuspecError, FloatingPointError):
+    """A model's logits contain NaN or infinity in the format it was loaded in (fp16 activations that overflow,
+    damaged weights): its output would be garbage, so it is refused rather than used."""

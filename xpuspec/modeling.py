@@ -20,6 +20,7 @@ from .generation import check_max_length, pack_output, resolve_generation_config
 from .hf_folder import check_tokenizer_files
 from .inputs import check_fits, check_input_ids, clamp_to_context
 from .lowbit import decoder_in_channels, resolve_low_bit
+from .numerics import check_loaded
 from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
@@ -31,7 +32,8 @@ from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
 
 log = logging.getLogger("xpuspec")
 
-_DTYPE_FORMATS = {torch.float32: "fp32", torch.float16: "fp16", "float32": "fp32", "float16": "fp16"}
+_DTYPE_FORMATS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", "float32": "fp32",
+                  "float16": "fp16", "bfloat16": "bf16"}
 
 
 class XpuspecModelForCausalLM:
@@ -359,7 +361,7 @@ class AutoModelForCausalLM:
                 model into pipeline stages, one per device.
             backend: force a backend by entry-point name (``"openvino"``, ``"torch"``).
             load_in_low_bit: ``"int4_sym"``, ``"int4_asym"``, ``"int8_sym"``, ``"int8_asym"``, ``"fp16"``,
-                ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision.
+                ``"bf16"`` (where the device computes in bfloat16), ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision.
             load_in_4bit, load_in_8bit: aliases for the default INT4 / INT8 format.
             group_size, ratio, awq, scale_estimation: NNCF weight-compression parameters (INT4).
             ov_config: OpenVINO compile properties (optimum-intel's name).
@@ -371,7 +373,7 @@ class AutoModelForCausalLM:
             draft_low_bit: the draft's weight format (default ``int4_sym`` for self-speculation, the
                 model's own format for layer-skip).
             draft_device: the draft's device (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
-            dtype, torch_dtype: ``torch.float16`` / ``torch.float32``, as a format when no low-bit one is given.
+            dtype, torch_dtype: ``torch.float16`` / ``torch.bfloat16`` / ``torch.float32``, as a format when no low-bit one is given.
             pipeline_parallel_stages: split the decoder layers into this many stages (ipex-llm's name). In one
                 process (OpenVINO): on ``gpu``/``xpu`` one per device (gpu.0 .. gpu.N-1), on ``cpu`` all on the CPU;
                 a device list sets each stage's device. Under ``torchrun --nproc-per-node N`` (torch backend): one
@@ -388,6 +390,8 @@ class AutoModelForCausalLM:
             PipelineConfigError: a pipeline that cannot be built: more stages than layers, a ``split`` that
                 does not fit them, a torchrun world of another size (see ``xpuspec_torch.pipeline.check_plan``).
             PipelineError: a pipeline rank was lost while loading.
+            NumericsError: the loaded model's logits on a fixed sentence contain NaN or infinity (the message names
+                the format; another format, e.g. fp32, fixes an fp16 overflow).
             TypeError: an unknown keyword argument.
         """
         pretrained_model_name_or_path = _with_gguf_file(pretrained_model_name_or_path, gguf_file)
@@ -401,7 +405,8 @@ class AutoModelForCausalLM:
         chosen_dtype = dtype if dtype is not None else torch_dtype
         if chosen_dtype is not None and load_in_low_bit is None and not (load_in_4bit or load_in_8bit):
             if chosen_dtype not in _DTYPE_FORMATS:
-                raise LowBitConfigError(f"dtype {chosen_dtype} is not supported; use torch.float32 or torch.float16.")
+                raise LowBitConfigError(f"dtype {chosen_dtype} is not supported; use torch.float32, torch.float16 "
+                                        "or torch.bfloat16.")
             load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
         low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
@@ -439,6 +444,8 @@ class AutoModelForCausalLM:
             runner = chosen_backend.load(source, stage_devices[0], low_bit, ov_config=ov_config, **stages)
         if low_bit is None:
             low_bit = source.saved_low_bit
+        check_loaded(runner, source.path, f"{source.name} in {low_bit.format if low_bit else 'its source precision'} "
+                                          f"on {device_name} ({chosen_backend.name} backend)")
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
         model = XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
         if spec is not None:

@@ -98,7 +98,8 @@ def check_exportable(model_type: str) -> None:
 
 def _check_transformers_range(constructor, model_type: str, instead: str) -> None:
     """Refuse, before any work, an export config that declares a transformers range the installed one is outside
-    of (optimum-intel's exporter would raise a bare ValueError after loading the model).
+    of (optimum-intel's exporter would raise a bare ValueError after loading the model). Versions compare as
+    optimum-intel compares them (``packaging`` versions: ``5.0.0 == 5.0``, so 5.0.0 is inside "up to 5.0").
 
     Raises:
         UnsupportedArchitectureError: transformers is older than the config's ``MIN_TRANSFORMERS_VERSION`` or newer
@@ -111,7 +112,7 @@ def _check_transformers_range(constructor, model_type: str, instead: str) -> Non
     installed = Version(transformers.__version__)
     low, high = (getattr(config, name, None) for name in ("MIN_TRANSFORMERS_VERSION", "MAX_TRANSFORMERS_VERSION"))
     low, high = (None if v is None else Version(str(v)) for v in (low, high))
-    if (low is not None and installed < low) or (high is not None and installed.release > high.release):
+    if (low is not None and installed < low) or (high is not None and installed > high):  # optimum-intel's test
         raise UnsupportedArchitectureError(
             f"optimum-intel exports architecture {model_type!r} only with transformers "
             f"{low or 'any'} to {high or 'any'}; this environment has {installed}. {instead}")
@@ -186,6 +187,7 @@ def prepare_ir(source: ModelSource, low_bit) -> Path:
     if low_bit is None:
         return base_ir(source)
     already = source.saved_low_bit.format if source.saved_low_bit else "fp32"
+    already = "fp32" if already == "bf16" else already  # a saved bf16 model holds fp32 weights
     if already != "fp32":
         if already == low_bit.format:
             return source.path
@@ -193,7 +195,7 @@ def prepare_ir(source: ModelSource, low_bit) -> Path:
             f"{source.name} is an IR already compressed to {already}; it cannot be re-compressed to "
             f"{low_bit.format}. Load it without load_in_low_bit, or start from the original model."
         )
-    if low_bit.format == "fp32":
+    if low_bit.format in ("fp32", "bf16"):  # bf16: fp32 weights, compiled to compute in bf16 (compile_config)
         return base_ir(source)
     base = base_ir(source)
     folder = cache_root() / "ov" / folder_fingerprint(source.path) / digest(low_bit.as_dict())

@@ -43,7 +43,7 @@ class TorchBackend(Backend):
 
         Raises:
             ModelSourceError: ``source`` is an OpenVINO IR.
-            LowBitConfigError: a format other than fp32/fp16.
+            LowBitConfigError: a format other than fp32/fp16/bf16.
             PipelineConfigError, PipelineError: see :func:`xpuspec_torch.pipeline.load_stage`.
         """
         import torch
@@ -56,7 +56,7 @@ class TorchBackend(Backend):
                 f"The torch backend needs a Hugging Face folder, but {source.name!r} is an OpenVINO IR. "
                 "Load it on an OpenVINO device (device='cpu' with backend='openvino'), or pass the original model."
             )
-        dtypes = {None: torch.float32, "fp32": torch.float32, "fp16": torch.float16}
+        dtypes = {None: torch.float32, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
         fmt = low_bit.format if low_bit else None
         if fmt not in dtypes:
             raise LowBitConfigError(
@@ -64,7 +64,7 @@ class TorchBackend(Backend):
                 "'fp16' (CLI: --low-bit none or fp16). For INT8/INT4 weights split over several devices, run one "
                 "process without torchrun on the OpenVINO backend, e.g. device='gpu.0,gpu.1' (CLI: --device "
                 "gpu.0,gpu.1)." if stages is not None else
-                f"The torch backend runs fp32 and fp16 only, not {fmt}. For INT8/INT4 weights use the OpenVINO "
+                f"The torch backend runs fp32, fp16 and bf16 only, not {fmt}. For INT8/INT4 weights use the OpenVINO "
                 "backend (backend='openvino', devices cpu/gpu/npu)."
             )
         if stages is not None:
