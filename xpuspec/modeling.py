@@ -19,12 +19,12 @@ from .decode import decode
 from .generation import check_max_length, pack_output, resolve_generation_config, stop_strings
 from .hf_folder import check_tokenizer_files
 from .inputs import check_fits, check_input_ids, clamp_to_context
-from .lowbit import decoder_in_channels, resolve_low_bit
+from .lowbit import LowBitConfig, decoder_in_channels, resolve_low_bit
 from .numerics import check_loaded
 from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
-from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
-from .speculative.layerskip import layer_skip_model
+from .speculative.config import SpeculativeConfig, resolve_speculative
+from .speculative.layerskip import layer_skip_draft
 from .speculative.policy import PolicyBook
 from .speculative.profile import TargetCosts
 from .speculative.pairing import check_draft, plan_speculation
@@ -343,6 +343,7 @@ class AutoModelForCausalLM:
         speculative=None,
         draft_low_bit: Optional[str] = None,
         draft_device: Optional[str] = None,
+        draft_backend: Optional[str] = None,
         dtype=None,
         torch_dtype=None,
         pipeline_parallel_stages: Optional[int] = None,
@@ -370,9 +371,13 @@ class AutoModelForCausalLM:
                 chosen by calibration and cached), ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
                 :class:`SpeculativeConfig`. ``generate`` then decodes speculatively; greedy output
                 stays token-identical to plain greedy decoding.
-            draft_low_bit: the draft's weight format (default ``int4_sym`` for self-speculation, the
-                model's own format for layer-skip).
+            draft_low_bit: the draft's weight format (default for self-speculation: the draft backend's
+                ``self_draft_low_bit``, ``int4_sym`` on OpenVINO and ``fp16`` on torch; the model's own format for
+                layer-skip).
             draft_device: the draft's device (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
+            draft_backend: the draft's backend (default: the target's, where it serves the draft's device; else the
+                device's own). Every draft is checked (device, format, architecture) before the target loads, and
+                an error about the draft says so.
             dtype, torch_dtype: ``torch.float16`` / ``torch.bfloat16`` / ``torch.float32``, as a format when no low-bit one is given.
             pipeline_parallel_stages: split the decoder layers into this many stages (ipex-llm's name). In one
                 process (OpenVINO): on ``gpu``/``xpu`` one per device (gpu.0 .. gpu.N-1), on ``cpu`` all on the CPU;
@@ -418,20 +423,32 @@ class AutoModelForCausalLM:
             device_name = ",".join(stage_devices)
         for name in stage_devices if low_bit is not None else ():
             low_bit.check_device(name)  # before any slow work
-        if spec is not None and spec.uses_model:  # the draft's own settings too, before the target loads
-            draft_device_name = spec.resolved_draft_device or stage_devices[0]
-            resolve_device(draft_device_name)
-            draft_format = resolve_low_bit(spec.draft_low_bit)
-            if draft_format is not None:
-                draft_format.check_device(draft_device_name)
+        uses_draft = spec is not None and spec.uses_model
+        if uses_draft:  # the draft's device and backend too, before the target loads
+            with _naming_the_draft(spec):
+                draft_backend_obj, draft_device_name = _draft_backend_and_device(
+                    draft_backend, chosen_backend, spec.resolved_draft_device or stage_devices[0])
+                resolve_low_bit(spec.draft_low_bit)
         source = resolve_source(pretrained_model_name_or_path)
         config = source.config  # a config transformers cannot read fails here, before a backend loads
+        draft_model_source = None
         if spec is not None and spec.draft:
-            resolve_source(spec.draft)  # a missing draft fails before the target compiles, after a missing target
-        draft_origin = _self_draft_origin(spec, source) if spec is not None and spec.uses_model else source
+            with _naming_the_draft(spec):  # a missing draft fails before the target compiles, after a missing target
+                draft_model_source = resolve_source(spec.draft)
+        draft_origin = _self_draft_origin(spec, source) if uses_draft else source
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
+        for name in stage_devices:
+            chosen_backend.check(source, name, low_bit)
+        if uses_draft:
+            draft_low_bit_choice = spec.draft_low_bit or _default_draft_low_bit(spec, low_bit or source.saved_low_bit,
+                                                                              draft_backend_obj)
+            with _naming_the_draft(spec, draft_low_bit_choice, draft_device_name, draft_backend_obj.name):
+                draft_format = resolve_low_bit(draft_low_bit_choice)
+                if draft_format is not None:
+                    draft_format.check_device(draft_device_name)
+                draft_backend_obj.check(draft_model_source or draft_origin, draft_device_name, draft_format)
         stages = dict(stages=stage_devices, split=split) if len(stage_devices) > 1 else {}
         head = _draft_head_tokens(draft_vocab_size, chosen_backend, stage_devices[0], source)
         try:
@@ -451,13 +468,18 @@ class AutoModelForCausalLM:
         if spec is not None:
             model.speculative_config = spec
             if spec.uses_model:
-                model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
-                    _draft_source(spec, draft_origin, pretrained_model_name_or_path if draft_origin is source
-                                  else draft_origin.path), device=draft_device_name,
-                    load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),
-                    ov_config=ov_config, **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size},
-                )
-                check_draft(model, model.draft_model)
+                with ExitStack() as stack:
+                    if spec.mode == "layer_skip":  # a calibrated folder that no draft loads from is removed again
+                        draft_from = stack.enter_context(layer_skip_draft(draft_origin, spec.skip_layers))
+                    else:
+                        draft_from = spec.draft or (pretrained_model_name_or_path if draft_origin is source
+                                                    else draft_origin.path)
+                    with _naming_the_draft(spec, draft_low_bit_choice, draft_device_name, draft_backend_obj.name):
+                        model.draft_model = cls.from_pretrained(
+                            draft_from, device=draft_device_name, backend=draft_backend_obj.name,
+                            load_in_low_bit=draft_low_bit_choice, ov_config=ov_config,
+                            **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size})
+                    check_draft(model, model.draft_model)
                 log.info("draft %s on %s: %.1f MiB of extra weights", model.draft_model.name_or_path,
                          draft_device_name, model.draft_model.runner.weight_bytes / 2**20)
         return model
@@ -542,19 +564,52 @@ def _self_draft_origin(spec: SpeculativeConfig, source):
     return found
 
 
-def _draft_source(spec: SpeculativeConfig, origin, origin_name):
-    """What the draft is loaded from: the draft model, the layer-skip folder, or the weights a self-draft copies
-    (``origin``, named ``origin_name``: the target's own, or those a saved target came from, :func:`_self_draft_origin`)."""
-    if spec.mode == "layer_skip":
-        return layer_skip_model(origin, spec.skip_layers)
-    return spec.draft or origin_name
-
-
-def _default_draft_low_bit(spec: SpeculativeConfig, target_low_bit):
-    """INT4 for a self-draft, the target's own format for layer-skip, the source's for a draft model."""
+def _default_draft_low_bit(spec: SpeculativeConfig, target_low_bit, draft_backend):
+    """The draft backend's self-draft format (INT4 on OpenVINO) for a self-draft, the target's own format for
+    layer-skip, the source's for a draft model."""
     if spec.mode == "layer_skip":
         return target_low_bit
-    return None if spec.draft else DEFAULT_SELF_DRAFT_LOW_BIT
+    return None if spec.draft else draft_backend.self_draft_low_bit
+
+
+def _draft_backend_and_device(requested: Optional[str], target_backend, device: str):
+    """``(backend, device name)`` of the draft: ``requested`` (a backend name), else the target's backend where it
+    serves ``device``, else the backend that serves ``device``.
+
+    Raises:
+        DeviceNotFoundError: no backend (or not ``requested``) serves ``device``.
+    """
+    from .errors import DeviceNotFoundError
+
+    if requested is not None:
+        return resolve_device(device, requested)
+    try:
+        return resolve_device(device, target_backend.name)
+    except DeviceNotFoundError:
+        return resolve_device(device)
+
+
+@contextmanager
+def _naming_the_draft(spec: SpeculativeConfig, fmt=None, device: Optional[str] = None,
+                      backend: Optional[str] = None):
+    """Re-raise an xpuspec error of the block as the same type, its message saying it is about the draft."""
+    from .errors import XpuspecError
+
+    try:
+        yield
+    except XpuspecError as exc:
+        what = spec.draft or {"self": "a low-bit copy of the model", "layer_skip": "the model without some layers",
+                              "hybrid": "a low-bit copy of the model"}.get(spec.mode, spec.mode)
+        fmt = fmt.format if isinstance(fmt, LowBitConfig) else fmt
+        where = ", ".join(filter(None, (fmt and f"in {fmt}", device and f"on {device}",
+                                        backend and f"{backend} backend")))
+        try:
+            renamed = type(exc)(f"The draft of speculative={spec.mode!r} ({what}{', ' + where if where else ''}) "
+                                f"cannot load: {exc} Or change the draft: draft_low_bit=, draft_device=, "
+                                "draft_backend=, or another speculative mode.")
+        except TypeError:  # an error type with another constructor: keep it as it is
+            raise exc from None
+        raise renamed from exc
 
 
 class AutoTokenizer:

@@ -216,6 +216,16 @@ class OpenVINOBackend(Backend):
                                is_cpu=_kind(devices[0]) == "cpu")
         return OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens)
 
+    def check(self, source, device: str, low_bit) -> None:
+        """Refuse an architecture optimum-intel cannot export (a Hugging Face source) and bf16 where the device
+        does not compute in it, before any export or compile."""
+        from .ir import check_exportable
+
+        if source.kind == "hf":
+            check_exportable(source.config.model_type)
+        if (low_bit or source.saved_low_bit or _FP32).format == "bf16":
+            check_bf16(self.core, device)
+
     def save_low_bit(self, runner, folder) -> None:
         _copy_files(runner.folder, Path(folder))
 
