@@ -21,7 +21,7 @@ def empty_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def gemma2(tmp_path_factory):
-    """A tiny Gemma-2: an architecture the pinned optimum-intel refuses to export, so only torch runs it."""
+    """A tiny Gemma-2 (sliding-window layers, which a speculative torch runner must roll back)."""
     return str(tiny_arch_model(tmp_path_factory.mktemp("gemma2"), "gemma2", seed=1, layers=4))
 
 
@@ -36,20 +36,21 @@ def test_a_torch_targets_draft_loads_on_torch(gemma2, mode, empty_cache):
     assert spec.generate(PROMPT, max_new_tokens=16, do_sample=False).tolist() == want.tolist()
 
 
-def test_a_draft_the_draft_backend_cannot_run_is_refused_before_the_target_loads(gemma2, monkeypatch, empty_cache):
+def test_a_draft_the_draft_backend_cannot_run_is_refused_before_the_target_loads(tmp_path, monkeypatch, empty_cache):
     from xpuspec.devices import get_backend
 
+    gemma = str(tiny_arch_model(tmp_path / "gemma", "gemma", seed=1))  # refused by the pinned optimum-intel
     loads = []
     torch_backend = type(get_backend("torch"))
     real_load = torch_backend.load
     monkeypatch.setattr(torch_backend, "load", lambda self, *a, **k: loads.append(a) or real_load(self, *a, **k))
     with pytest.raises(UnsupportedArchitectureError, match=r"The draft of speculative='self' \(a low-bit copy of the "
                                                           r"model, in int4_sym, on cpu, openvino backend\) cannot load: "
-                                                          r"optimum-intel exports architecture 'gemma2'"):
-        AutoModelForCausalLM.from_pretrained(gemma2, device="cpu", backend="torch", speculative="self",
+                                                          r"optimum-intel exports architecture 'gemma'"):
+        AutoModelForCausalLM.from_pretrained(gemma, device="cpu", backend="torch", speculative="self",
                                              draft_backend="openvino")
     with pytest.raises(UnsupportedArchitectureError, match=r"The draft of speculative='layer_skip'"):
-        AutoModelForCausalLM.from_pretrained(gemma2, device="cpu", backend="torch", speculative="layer_skip",
+        AutoModelForCausalLM.from_pretrained(gemma, device="cpu", backend="torch", speculative="layer_skip",
                                              draft_backend="openvino")
     assert loads == []  # refused before the target loaded
     assert not (empty_cache / "layerskip").exists() or not any((empty_cache / "layerskip").iterdir())
