@@ -3,6 +3,7 @@
 Registered as the ``openvino`` entry point in the ``xpuspec.backends`` group.
 """
 
+import json
 import logging
 import os
 import re
@@ -10,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from xpuspec.cache import cache_root
+from xpuspec.cache import METADATA_FILE, cache_root, read_metadata
 from xpuspec.devices import Backend, DeviceInfo
 from xpuspec.errors import DeviceNotFoundError, PipelineConfigError
 from xpuspec.lowbit import LowBitConfig
@@ -234,6 +235,10 @@ class OpenVINOBackend(Backend):
 
         _copy_files(prepare_ir(source, low_bit), Path(folder))
         ensure_tokenizer_files(Path(folder), source.name)
+        if low_bit is not None and low_bit.format == "bf16":  # fp32 weights that xpuspec compiles to compute in bf16
+            meta = read_metadata(Path(folder))
+            meta["low_bit"] = low_bit.as_dict()
+            (Path(folder) / METADATA_FILE).write_text(json.dumps(meta, indent=2))
 
 
 def _cpu_plugin_library(ov) -> Path:

@@ -238,7 +238,6 @@ def prepare_ir(source: ModelSource, low_bit) -> Path:
     if low_bit is None:
         return base_ir(source)
     already = source.saved_low_bit.format if source.saved_low_bit else "fp32"
-    already = "fp32" if already == "bf16" else already  # a saved bf16 model holds fp32 weights
     if already != "fp32":
         if already == low_bit.format:
             return source.path
