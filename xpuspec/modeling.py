@@ -439,8 +439,8 @@ class AutoModelForCausalLM:
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
-        for name in stage_devices:
-            chosen_backend.check(source, name, low_bit)
+        if len(stage_devices) == 1:  # pipeline stages are checked by the backend's load, which knows them
+            chosen_backend.check(source, stage_devices[0], low_bit)
         if uses_draft:
             draft_low_bit_choice = spec.draft_low_bit or _default_draft_low_bit(spec, low_bit or source.saved_low_bit,
                                                                               draft_backend_obj)
