@@ -64,9 +64,9 @@ def test_transformers_range_boundary(installed, refused, monkeypatch):
     monkeypatch.setattr(transformers, "__version__", installed)
     if refused:
         with pytest.raises(UnsupportedArchitectureError, match="only with transformers 4.57 to 5.0"):
-            _check_transformers_range(_Config, "gemma2", "")
+            _check_transformers_range(_Config, "gemma", "")
     else:
-        _check_transformers_range(_Config, "gemma2", "")
+        _check_transformers_range(_Config, "gemma", "")
 
 
 def test_bf16_on_openvino_cpu(smollm2_path, tokenizer, ov_fp32):
