@@ -80,12 +80,12 @@ def test_draft_vocab_settings_that_cannot_apply_are_refused(tmp_path, monkeypatc
     with pytest.raises(SpeculativeConfigError, match="prompt_lookup uses no draft model: drop draft_vocab_size"):
         SpeculativeConfig(mode="prompt_lookup", draft_vocab_size=1024)
     tiny = tiny_model(tmp_path / "tiny", seed=1)
-    target = AutoModelForCausalLM.from_pretrained(tiny, device="cpu", backend="torch",
+    target = AutoModelForCausalLM.from_pretrained(tiny, device="cpu", backend="torch", draft_backend="openvino",
                                                   speculative=SpeculativeConfig(mode="self", draft_low_bit="fp32"))
     assert target.draft_model.runner.head_tokens is None  # by default only a vocabulary >= 65536 is cut
     monkeypatch.setattr(type(target.draft_model.backend), "can_cut_head", lambda self, device: False)  # as on an NPU
     with pytest.raises(SpeculativeConfigError, match="the openvino backend cannot cut the draft's LM head on cpu"):
-        AutoModelForCausalLM.from_pretrained(tiny, device="cpu", backend="torch",
+        AutoModelForCausalLM.from_pretrained(tiny, device="cpu", backend="torch", draft_backend="openvino",
                                              speculative=SpeculativeConfig(mode="self", draft_vocab_size=8,
                                                                            draft_low_bit="fp32"))
 

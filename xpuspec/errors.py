@@ -82,3 +82,8 @@ class KVBudgetError(XpuspecError, MemoryError):
 class BatchNotSupportedError(XpuspecError, NotImplementedError):
     """Batch > 1 (or threads joining one batch) on a runner that runs one sequence at a time (the torch backend,
     pipeline stages, the NPU); the message names the alternative."""
+
+
+class NumericsError(XpuspecError, FloatingPointError):
+    """A model's logits contain NaN or infinity in the format it was loaded in (fp16 activations that overflow,
+    damaged weights): its output would be garbage, so it is refused rather than used."""

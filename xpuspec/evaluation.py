@@ -320,11 +320,13 @@ def evaluate(
         LowBitConfigError: an invalid format spec.
         CorpusError: the HumanEval download failed (pass ``text`` to work offline with a file).
         ModelSourceError, DeviceNotFoundError: as for ``from_pretrained``.
+        NumericsError: a format's logits contain NaN or infinity (at load or on the text); never a ``nan`` row.
     """
     from tqdm.auto import tqdm
 
     from . import corpus
     from .modeling import AutoModelForCausalLM, AutoTokenizer
+    from .numerics import check_logits
     from .sources import resolve_source
 
     configs = [parse_format(REFERENCE)] + [c for c in map(parse_format, formats) if c != parse_format(REFERENCE)]
@@ -353,6 +355,7 @@ def evaluate(
             for name, ids in texts.items():
                 nll, n = 0.0, 0
                 for i, (logp, targets) in enumerate(window_logprobs(lm, ids, context, stride)):
+                    check_logits(logp, f"{model} in {row.label} on {lm.device_name} (text {name!r}, window {i})")
                     ref = reference_logp.setdefault((name, i), logp)
                     nll -= logp.gather(1, targets[:, None]).sum().item()
                     agree += (logp.argmax(-1) == ref.argmax(-1)).sum().item()

@@ -15,7 +15,7 @@ from .errors import LowBitConfigError
 log = logging.getLogger("xpuspec")
 
 #: Every accepted ``load_in_low_bit`` value.
-FORMATS = ("int4_sym", "int4_asym", "int8_sym", "int8_asym", "fp16", "fp32")
+FORMATS = ("int4_sym", "int4_asym", "int8_sym", "int8_asym", "fp16", "bf16", "fp32")
 #: Format chosen by ``load_in_4bit=True`` / ``load_in_8bit=True``.
 DEFAULT_4BIT = "int4_asym"
 DEFAULT_8BIT = "int8_asym"
@@ -30,7 +30,8 @@ class LowBitConfig:
     """Weight-compression settings for one model.
 
     Attributes:
-        format: one of :data:`FORMATS`.
+        format: one of :data:`FORMATS`. ``bf16`` runs where the backend and device compute in bfloat16 (OpenVINO:
+            CPUs whose plugin reports the ``BF16`` capability, i.e. AVX512-BF16 or AMX; torch: any device).
         group_size: INT4 quantisation group along the input channels; ``-1`` is
             channel-wise. ``None`` means 128 for INT4. INT8 is always channel-wise.
         ratio: fraction of the INT4-eligible layers compressed to INT4, the rest
@@ -82,7 +83,7 @@ class LowBitConfig:
 
     @property
     def is_float(self) -> bool:
-        return self.format in ("fp16", "fp32")
+        return self.format in ("fp16", "bf16", "fp32")
 
     @property
     def symmetric(self) -> bool:

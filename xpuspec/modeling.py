@@ -22,11 +22,12 @@ from .generation import (GenerationStats, batch_stats, check_max_length, pack_ba
                          stop_strings)
 from .hf_folder import check_tokenizer_files
 from .inputs import check_batch, check_fits, check_input_ids, clamp_to_context, is_batch
-from .lowbit import decoder_in_channels, resolve_low_bit
+from .lowbit import LowBitConfig, decoder_in_channels, resolve_low_bit
+from .numerics import check_loaded
 from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
-from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
-from .speculative.layerskip import layer_skip_model
+from .speculative.config import SpeculativeConfig, resolve_speculative
+from .speculative.layerskip import layer_skip_draft
 from .speculative.policy import PolicyBook
 from .speculative.profile import TargetCosts
 from .speculative.pairing import check_draft, plan_speculation
@@ -34,7 +35,8 @@ from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
 
 log = logging.getLogger("xpuspec")
 
-_DTYPE_FORMATS = {torch.float32: "fp32", torch.float16: "fp16", "float32": "fp32", "float16": "fp16"}
+_DTYPE_FORMATS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", "float32": "fp32",
+                  "float16": "fp16", "bfloat16": "bf16"}
 
 
 class XpuspecModelForCausalLM:
@@ -482,23 +484,26 @@ class AutoModelForCausalLM:
         speculative=None,
         draft_low_bit: Optional[str] = None,
         draft_device: Optional[str] = None,
+        draft_backend: Optional[str] = None,
         dtype=None,
         torch_dtype=None,
         pipeline_parallel_stages: Optional[int] = None,
         split: Optional[Sequence[int]] = None,
+        gguf_file: Optional[str] = None,
         **kwargs,
     ) -> XpuspecModelForCausalLM:
         """Load a causal LM and place it on a device, compressing its weights if asked.
 
         Args:
             pretrained_model_name_or_path: a built-in name (``"smollm2-135m-instruct"``), a local
-                Hugging Face folder, an OpenVINO IR folder, or a hub id.
+                Hugging Face folder, an OpenVINO IR folder, a GGUF file (converted once, like the built-in models,
+                and cached under its sha256: :func:`xpuspec.sources.pull_gguf`), or a hub id.
             device: ``"cpu"``, ``"gpu"``, ``"gpu.1"``, ``"npu"``, ``"xpu"``, ``"auto"`` or a ``torch.device``;
                 default ``$XPUSPEC_DEVICE``, else ``"auto"``. A list such as ``"gpu.0,gpu.1"`` splits the
                 model into pipeline stages, one per device.
             backend: force a backend by entry-point name (``"openvino"``, ``"torch"``).
             load_in_low_bit: ``"int4_sym"``, ``"int4_asym"``, ``"int8_sym"``, ``"int8_asym"``, ``"fp16"``,
-                ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision.
+                ``"bf16"`` (where the device computes in bfloat16), ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision.
             load_in_4bit, load_in_8bit: aliases for the default INT4 / INT8 format.
             group_size, ratio, awq, scale_estimation: NNCF weight-compression parameters (INT4).
             ov_config: OpenVINO compile properties (optimum-intel's name).
@@ -507,16 +512,21 @@ class AutoModelForCausalLM:
                 chosen by calibration and cached), ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
                 :class:`SpeculativeConfig`. ``generate`` then decodes speculatively; greedy output
                 stays token-identical to plain greedy decoding.
-            draft_low_bit: the draft's weight format (default ``int4_sym`` for self-speculation, the
-                model's own format for layer-skip).
+            draft_low_bit: the draft's weight format (default for self-speculation: the draft backend's
+                ``self_draft_low_bit``, ``int4_sym`` on OpenVINO and ``fp16`` on torch; the model's own format for
+                layer-skip).
             draft_device: the draft's device (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
-            dtype, torch_dtype: ``torch.float16`` / ``torch.float32``, as a format when no low-bit one is given.
+            draft_backend: the draft's backend (default: the target's, where it serves the draft's device; else the
+                device's own). Every draft is checked (device, format, architecture) before the target loads, and
+                an error about the draft says so.
+            dtype, torch_dtype: ``torch.float16`` / ``torch.bfloat16`` / ``torch.float32``, as a format when no low-bit one is given.
             pipeline_parallel_stages: split the decoder layers into this many stages (ipex-llm's name). In one
                 process (OpenVINO): on ``gpu``/``xpu`` one per device (gpu.0 .. gpu.N-1), on ``cpu`` all on the CPU;
                 a device list sets each stage's device. Under ``torchrun --nproc-per-node N`` (torch backend): one
                 stage per process, every rank running the same script (see ``xpuspec_torch.pipeline``).
                 See :attr:`device_map`.
             split: decoder layers per stage (e.g. ``[15, 15]``); default: balanced by weight bytes.
+            gguf_file: a GGUF file inside the folder ``pretrained_model_name_or_path`` (transformers' argument).
 
         Raises:
             ModelSourceError: the model cannot be found or is not a model folder.
@@ -526,8 +536,11 @@ class AutoModelForCausalLM:
             PipelineConfigError: a pipeline that cannot be built: more stages than layers, a ``split`` that
                 does not fit them, a torchrun world of another size (see ``xpuspec_torch.pipeline.check_plan``).
             PipelineError: a pipeline rank was lost while loading.
+            NumericsError: the loaded model's logits on a fixed sentence contain NaN or infinity (the message names
+                the format; another format, e.g. fp32, fixes an fp16 overflow).
             TypeError: an unknown keyword argument.
         """
+        pretrained_model_name_or_path = _with_gguf_file(pretrained_model_name_or_path, gguf_file)
         spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
         if ov_config is not None and not isinstance(ov_config, dict):
             raise TypeError(f"ov_config must be a dict of OpenVINO properties, e.g. {{'PERFORMANCE_HINT': 'LATENCY'}}, "
@@ -538,7 +551,8 @@ class AutoModelForCausalLM:
         chosen_dtype = dtype if dtype is not None else torch_dtype
         if chosen_dtype is not None and load_in_low_bit is None and not (load_in_4bit or load_in_8bit):
             if chosen_dtype not in _DTYPE_FORMATS:
-                raise LowBitConfigError(f"dtype {chosen_dtype} is not supported; use torch.float32 or torch.float16.")
+                raise LowBitConfigError(f"dtype {chosen_dtype} is not supported; use torch.float32, torch.float16 "
+                                        "or torch.bfloat16.")
             load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
         low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
@@ -550,20 +564,32 @@ class AutoModelForCausalLM:
             device_name = ",".join(stage_devices)
         for name in stage_devices if low_bit is not None else ():
             low_bit.check_device(name)  # before any slow work
-        if spec is not None and spec.uses_model:  # the draft's own settings too, before the target loads
-            draft_device_name = spec.resolved_draft_device or stage_devices[0]
-            resolve_device(draft_device_name)
-            draft_format = resolve_low_bit(spec.draft_low_bit)
-            if draft_format is not None:
-                draft_format.check_device(draft_device_name)
+        uses_draft = spec is not None and spec.uses_model
+        if uses_draft:  # the draft's device and backend too, before the target loads
+            with _naming_the_draft(spec):
+                draft_backend_obj, draft_device_name = _draft_backend_and_device(
+                    draft_backend, chosen_backend, spec.resolved_draft_device or stage_devices[0])
+                resolve_low_bit(spec.draft_low_bit)
         source = resolve_source(pretrained_model_name_or_path)
         config = source.config  # a config transformers cannot read fails here, before a backend loads
+        draft_model_source = None
         if spec is not None and spec.draft:
-            resolve_source(spec.draft)  # a missing draft fails before the target compiles, after a missing target
-        draft_origin = _self_draft_origin(spec, source) if spec is not None and spec.uses_model else source
+            with _naming_the_draft(spec):  # a missing draft fails before the target compiles, after a missing target
+                draft_model_source = resolve_source(spec.draft)
+        draft_origin = _self_draft_origin(spec, source) if uses_draft else source
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
+        if len(stage_devices) == 1:  # pipeline stages are checked by the backend's load, which knows them
+            chosen_backend.check(source, stage_devices[0], low_bit)
+        if uses_draft:
+            draft_low_bit_choice = spec.draft_low_bit or _default_draft_low_bit(spec, low_bit or source.saved_low_bit,
+                                                                              draft_backend_obj)
+            with _naming_the_draft(spec, draft_low_bit_choice, draft_device_name, draft_backend_obj.name):
+                draft_format = resolve_low_bit(draft_low_bit_choice)
+                if draft_format is not None:
+                    draft_format.check_device(draft_device_name)
+                draft_backend_obj.check(draft_model_source or draft_origin, draft_device_name, draft_format)
         stages = dict(stages=stage_devices, split=split) if len(stage_devices) > 1 else {}
         head = _draft_head_tokens(draft_vocab_size, chosen_backend, stage_devices[0], source)
         try:
@@ -576,18 +602,25 @@ class AutoModelForCausalLM:
             runner = chosen_backend.load(source, stage_devices[0], low_bit, ov_config=ov_config, **stages)
         if low_bit is None:
             low_bit = source.saved_low_bit
+        check_loaded(runner, source.path, f"{source.name} in {low_bit.format if low_bit else 'its source precision'} "
+                                          f"on {device_name} ({chosen_backend.name} backend)")
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
         model = XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
         if spec is not None:
             model.speculative_config = spec
             if spec.uses_model:
-                model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
-                    _draft_source(spec, draft_origin, pretrained_model_name_or_path if draft_origin is source
-                                  else draft_origin.path), device=draft_device_name,
-                    load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),
-                    ov_config=ov_config, **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size},
-                )
-                check_draft(model, model.draft_model)
+                with ExitStack() as stack:
+                    if spec.mode == "layer_skip":  # a calibrated folder that no draft loads from is removed again
+                        draft_from = stack.enter_context(layer_skip_draft(draft_origin, spec.skip_layers))
+                    else:
+                        draft_from = spec.draft or (pretrained_model_name_or_path if draft_origin is source
+                                                    else draft_origin.path)
+                    with _naming_the_draft(spec, draft_low_bit_choice, draft_device_name, draft_backend_obj.name):
+                        model.draft_model = cls.from_pretrained(
+                            draft_from, device=draft_device_name, backend=draft_backend_obj.name,
+                            load_in_low_bit=draft_low_bit_choice, ov_config=ov_config,
+                            **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size})
+                    check_draft(model, model.draft_model)
                 log.info("draft %s on %s: %.1f MiB of extra weights", model.draft_model.name_or_path,
                          draft_device_name, model.draft_model.runner.weight_bytes / 2**20)
         return model
@@ -609,6 +642,20 @@ class AutoModelForCausalLM:
             raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no low_bit in {METADATA_FILE}).")
         return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config, speculative=speculative,
                                    draft_low_bit=draft_low_bit, draft_device=draft_device)
+
+
+def _with_gguf_file(name_or_path, gguf_file: Optional[str]):
+    """``name_or_path`` joined with transformers' ``gguf_file`` argument (a file inside that folder), if given.
+
+    Raises:
+        ModelSourceError: no such GGUF file in the folder.
+    """
+    if gguf_file is None:
+        return name_or_path
+    path = Path(str(name_or_path)).expanduser() / str(gguf_file)
+    if not path.is_file():
+        raise ModelSourceError(f"gguf_file={str(gguf_file)!r}: no such file in {str(name_or_path)!r} ({path}).")
+    return str(path)
 
 
 #: from_pretrained's private keyword for a draft model's load: SpeculativeConfig.draft_vocab_size.
@@ -658,23 +705,57 @@ def _self_draft_origin(spec: SpeculativeConfig, source):
     return found
 
 
-def _draft_source(spec: SpeculativeConfig, origin, origin_name):
-    """What the draft is loaded from: the draft model, the layer-skip folder, or the weights a self-draft copies
-    (``origin``, named ``origin_name``: the target's own, or those a saved target came from, :func:`_self_draft_origin`)."""
-    if spec.mode == "layer_skip":
-        return layer_skip_model(origin, spec.skip_layers)
-    return spec.draft or origin_name
-
-
-def _default_draft_low_bit(spec: SpeculativeConfig, target_low_bit):
-    """INT4 for a self-draft, the target's own format for layer-skip, the source's for a draft model."""
+def _default_draft_low_bit(spec: SpeculativeConfig, target_low_bit, draft_backend):
+    """The draft backend's self-draft format (INT4 on OpenVINO) for a self-draft, the target's own format for
+    layer-skip, the source's for a draft model."""
     if spec.mode == "layer_skip":
         return target_low_bit
-    return None if spec.draft else DEFAULT_SELF_DRAFT_LOW_BIT
+    return None if spec.draft else draft_backend.self_draft_low_bit
+
+
+def _draft_backend_and_device(requested: Optional[str], target_backend, device: str):
+    """``(backend, device name)`` of the draft: ``requested`` (a backend name), else the target's backend where it
+    serves ``device``, else the backend that serves ``device``.
+
+    Raises:
+        DeviceNotFoundError: no backend (or not ``requested``) serves ``device``.
+    """
+    from .errors import DeviceNotFoundError
+
+    if requested is not None:
+        return resolve_device(device, requested)
+    try:
+        return resolve_device(device, target_backend.name)
+    except DeviceNotFoundError:
+        return resolve_device(device)
+
+
+@contextmanager
+def _naming_the_draft(spec: SpeculativeConfig, fmt=None, device: Optional[str] = None,
+                      backend: Optional[str] = None):
+    """Re-raise an xpuspec error of the block as the same type, its message saying it is about the draft."""
+    from .errors import XpuspecError
+
+    try:
+        yield
+    except XpuspecError as exc:
+        what = spec.draft or {"self": "a low-bit copy of the model", "layer_skip": "the model without some layers",
+                              "hybrid": "a low-bit copy of the model"}.get(spec.mode, spec.mode)
+        fmt = fmt.format if isinstance(fmt, LowBitConfig) else fmt
+        where = ", ".join(filter(None, (fmt and f"in {fmt}", device and f"on {device}",
+                                        backend and f"{backend} backend")))
+        try:
+            renamed = type(exc)(f"The draft of speculative={spec.mode!r} ({what}{', ' + where if where else ''}) "
+                                f"cannot load: {exc} Or change the draft: draft_low_bit=, draft_device=, "
+                                "draft_backend=, or another speculative mode.")
+        except TypeError:  # an error type with another constructor: keep it as it is
+            raise exc from None
+        raise renamed from exc
 
 
 class AutoTokenizer:
-    """Drop-in for ``transformers.AutoTokenizer`` that also resolves built-in model names and IR folders."""
+    """Drop-in for ``transformers.AutoTokenizer`` that also resolves built-in model names, IR folders and GGUF files
+    (the tokenizer of the converted folder; ``gguf_file=`` as in transformers)."""
 
     def __init__(self):
         raise EnvironmentError("Use AutoTokenizer.from_pretrained(...).")
@@ -688,6 +769,6 @@ class AutoTokenizer:
         """
         from transformers import AutoTokenizer as HFAutoTokenizer
 
-        source = resolve_source(pretrained_model_name_or_path)
+        source = resolve_source(_with_gguf_file(pretrained_model_name_or_path, kwargs.pop("gguf_file", None)))
         check_tokenizer_files(source.path, source.name)
         return HFAutoTokenizer.from_pretrained(source.path, *args, **kwargs)

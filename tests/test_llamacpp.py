@@ -1,0 +1,51 @@
+"""llama.cpp beside xpuspec in the bench: the systems find the model's GGUF file, say clearly when llama-cpp-python
+is not installed, and (where it is) decode the same tokens plain and with prompt lookup."""
+
+import importlib.util
+
+import pytest
+
+from xpuspec.bench.systems import REFERENCE, SYSTEMS, Setup, gguf_of, make, parse_systems, unavailable
+
+from conftest import MODEL
+from tiny import tiny_model
+
+INSTALLED = importlib.util.find_spec("llama_cpp") is not None
+
+
+def test_the_systems_are_registered_with_their_own_weight_family():
+    assert SYSTEMS["llamacpp"].family == SYSTEMS["llamacpp-lookup"].family == "gguf"
+    assert REFERENCE["gguf"] == "llamacpp" and SYSTEMS["llamacpp-lookup"].speculative
+
+
+@pytest.mark.skipif(INSTALLED, reason="llama-cpp-python is installed here")
+def test_without_llama_cpp_python_they_are_left_out_or_refused_by_name():
+    assert "llamacpp" not in parse_systems(None, has_draft=False)
+    assert unavailable("llamacpp") == ("llamacpp needs llama_cpp, which is not installed: "
+                                       "pip install 'xpuspec[llamacpp]'")
+    with pytest.raises(ValueError, match=r"llamacpp-lookup needs llama_cpp, which is not installed: pip install "
+                                         r"'xpuspec\[llamacpp\]'. Or leave it out of --systems."):
+        parse_systems("xpuspec,llamacpp-lookup", has_draft=False)
+    assert unavailable("xpuspec") is None
+
+
+def test_the_gguf_is_the_one_the_model_came_from(smollm2_path, tmp_path):
+    from xpuspec import sources
+
+    builtin = gguf_of(MODEL)
+    assert sources.file_sha256(builtin) == sources.BUILTIN_MODELS[MODEL].sha256
+    assert gguf_of(str(builtin)) == builtin
+    assert gguf_of(str(sources.pull_gguf(builtin))) == builtin.resolve()  # a folder converted from a GGUF file
+    with pytest.raises(ValueError, match="did not come from one"):
+        gguf_of(str(tiny_model(tmp_path, seed=1)))
+
+
+@pytest.mark.skipif(not INSTALLED, reason="llama-cpp-python is not installed (pip install 'xpuspec[llamacpp]')")
+def test_llamacpp_plain_and_prompt_lookup_agree(smollm2_path, tokenizer):
+    setup = Setup(model=MODEL, hf_path=str(smollm2_path), ir="", low_bit="int8_asym")
+    ids = tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(").input_ids
+    plain, lookup = make("llamacpp", setup), make("llamacpp-lookup", setup)
+    plain.load(), lookup.load()
+    tokens, margins = plain.reference(ids, 16)
+    assert len(tokens) == len(margins) == 16
+    assert plain.generate(ids, 16).tokens == tokens == lookup.generate(ids, 16).tokens
