@@ -20,6 +20,7 @@ from .generation import check_max_length, pack_output, resolve_generation_config
 from .hf_folder import check_tokenizer_files
 from .inputs import check_fits, check_input_ids, clamp_to_context
 from .lowbit import decoder_in_channels, resolve_low_bit
+from . import formats
 from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
@@ -49,6 +50,8 @@ class XpuspecModelForCausalLM:
         last_generate_stats: :class:`xpuspec.generation.GenerationStats` of the last ``generate`` call.
         speculative_config: the :class:`SpeculativeConfig` given at load time, or ``None``.
         draft_model: the draft model of ``"self"``, ``"hybrid"`` or ``"draft"`` speculation, or ``None``.
+        format_choice: with ``load_in_low_bit="auto"``, the :class:`xpuspec.formats.FormatChoice` (every candidate's
+            measured perplexity change and speed, and the one chosen); else ``None``.
     """
 
     def __init__(self, source: ModelSource, backend, device_name: str, runner, low_bit):
@@ -68,6 +71,7 @@ class XpuspecModelForCausalLM:
         self.last_generate_stats = None
         self.speculative_config: Optional[SpeculativeConfig] = None
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
+        self.format_choice = None
         self._policies = PolicyBook(runner.traits.single_step_width)  # speculation across requests, per drafter
         self._costs = TargetCosts()  # what the runner's passes cost, once measured
         self._suffix_cache = None  # SuffixDecoding's outputs of earlier requests, made on first use
@@ -357,7 +361,9 @@ class AutoModelForCausalLM:
                 model into pipeline stages, one per device.
             backend: force a backend by entry-point name (``"openvino"``, ``"torch"``).
             load_in_low_bit: ``"int4_sym"``, ``"int4_asym"``, ``"int8_sym"``, ``"int8_asym"``, ``"fp16"``,
-                ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision.
+                ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision. ``"auto"``: the
+                fastest format on this device whose perplexity stays within +5% of fp32's, measured once per model
+                and device (minutes) and cached (:mod:`xpuspec.formats`; :attr:`format_choice`).
             load_in_4bit, load_in_8bit: aliases for the default INT4 / INT8 format.
             group_size, ratio, awq, scale_estimation: NNCF weight-compression parameters (INT4).
             ov_config: OpenVINO compile properties (optimum-intel's name).
@@ -391,6 +397,7 @@ class AutoModelForCausalLM:
         if ov_config is not None and not isinstance(ov_config, dict):
             raise TypeError(f"ov_config must be a dict of OpenVINO properties, e.g. {{'PERFORMANCE_HINT': 'LATENCY'}}, "
                             f"got {type(ov_config).__name__} {ov_config!r}.")
+        is_draft = _DRAFT_VOCAB_SIZE in kwargs
         draft_vocab_size = kwargs.pop(_DRAFT_VOCAB_SIZE, 0)  # a draft's SpeculativeConfig.draft_vocab_size; 0: no draft
         if kwargs:
             raise TypeError(f"from_pretrained() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
@@ -399,7 +406,11 @@ class AutoModelForCausalLM:
             if chosen_dtype not in _DTYPE_FORMATS:
                 raise LowBitConfigError(f"dtype {chosen_dtype} is not supported; use torch.float32 or torch.float16.")
             load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
-        low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
+        auto = isinstance(load_in_low_bit, str) and load_in_low_bit.lower() == formats.AUTO
+        if auto and (load_in_4bit or load_in_8bit or any(v is not None for v in (group_size, ratio, awq, scale_estimation))):
+            raise LowBitConfigError("load_in_low_bit='auto' chooses among the formats at their default settings: drop "
+                                    "load_in_4bit/load_in_8bit/group_size/ratio/awq/scale_estimation, or name a format.")
+        low_bit = resolve_low_bit(None if auto else load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
         if torchrun_pipeline(backend, pipeline_parallel_stages, spec):  # one stage per torchrun process
             chosen_backend, device_name = resolve_device(device, "torch")
@@ -421,6 +432,20 @@ class AutoModelForCausalLM:
             resolve_source(spec.draft)  # a missing draft fails before the target compiles, after a missing target
         draft_origin = _self_draft_origin(spec, source) if spec is not None and spec.uses_model else source
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
+        identity = chosen_backend.identity(stage_devices[0])
+        choice = None
+        if auto:
+            if source.saved_low_bit is not None:
+                raise LowBitConfigError(f"{source.path} holds {source.saved_low_bit.format} weights already; "
+                                        "load_in_low_bit='auto' needs the original model. Load that, or drop 'auto'.")
+            choice = formats.auto_format(
+                source.path, identity, lambda c: cls.from_pretrained(pretrained_model_name_or_path, device=stage_devices[0],
+                                                                     backend=chosen_backend.name, load_in_low_bit=c,
+                                                                     ov_config=ov_config),
+                lambda: AutoTokenizer.from_pretrained(pretrained_model_name_or_path), ov_config)
+            low_bit = resolve_low_bit(choice.format)
+        elif low_bit is not None and not is_draft and low_bit == resolve_low_bit(low_bit.format):  # default settings
+            formats.note_quality(source.path, identity, low_bit.format, ov_config)
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
         stages = dict(stages=stage_devices, split=split) if len(stage_devices) > 1 else {}
@@ -437,6 +462,7 @@ class AutoModelForCausalLM:
             low_bit = source.saved_low_bit
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
         model = XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
+        model.format_choice = choice
         if spec is not None:
             model.speculative_config = spec
             if spec.uses_model:
