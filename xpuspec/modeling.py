@@ -26,7 +26,8 @@ from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import DEFAULT_SELF_DRAFT_LOW_BIT, SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_model
 from .speculative.policy import PolicyBook
-from .speculative.profile import TargetCosts
+from .speculative.profile import TargetCosts, measure_profile
+from .speculative.resident import ReleasableRunner, rss_bytes
 from .speculative.pairing import check_draft, plan_speculation
 from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
 
@@ -50,6 +51,10 @@ class XpuspecModelForCausalLM:
         last_generate_stats: :class:`xpuspec.generation.GenerationStats` of the last ``generate`` call.
         speculative_config: the :class:`SpeculativeConfig` given at load time, or ``None``.
         draft_model: the draft model of ``"self"``, ``"hybrid"`` or ``"draft"`` speculation, or ``None``.
+        draft_memory_bytes: with a speculative config, the process memory (RSS) that speculation added at load: the
+            draft model and any second compiled copy for 1-token steps (``None`` where RSS cannot be read, or no
+            speculation). A draft model the policy left out of :data:`~xpuspec.speculative.policy.RELEASE_AFTER_SKIPPED`
+            requests in a row is released, and loaded again when a request drafts with it.
         format_choice: with ``load_in_low_bit="auto"``, the :class:`xpuspec.formats.FormatChoice` (every candidate's
             measured perplexity change and speed, and the one chosen); else ``None``.
     """
@@ -72,6 +77,7 @@ class XpuspecModelForCausalLM:
         self.speculative_config: Optional[SpeculativeConfig] = None
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
         self.format_choice = None
+        self.draft_memory_bytes: Optional[int] = None
         self._policies = PolicyBook(runner.traits.single_step_width)  # speculation across requests, per drafter
         self._costs = TargetCosts()  # what the runner's passes cost, once measured
         self._suffix_cache = None  # SuffixDecoding's outputs of earlier requests, made on first use
@@ -200,7 +206,7 @@ class XpuspecModelForCausalLM:
             )
         if assistant_model is not None and assistant_model.runner is self.runner:
             raise ValueError("assistant_model is this model itself; they would share one KV cache. "
-                             "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative=True.")
+                             "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative='self'.")
         with self._exclusive(assistant_model, self.draft_model):
             return self._generate(input_ids, generation_config, streamer, assistant_model, prompt_lookup_num_tokens,
                                   num_assistant_tokens, num_assistant_tokens_schedule,
@@ -242,6 +248,11 @@ class XpuspecModelForCausalLM:
             sample = bool(config.do_sample)
             book = self._policies.policy(plan.kind, plan.draft_runner, sample, plan.drafter.uses_model, plan.name)
             skipped = not book.starts_model(plan.schedule)
+            if skipped and book.releases_model and isinstance(plan.draft_runner, ReleasableRunner):
+                freed = plan.draft_runner.release()
+                if freed:
+                    log.info("%s released (%.1f MiB of weights): left out of %d requests in a row; loaded again when a "
+                             "request drafts with it", plan.name, freed / 2**20, book.skipped)
             if skipped:  # a hybrid keeps its prompt lookup
                 plan = plan.without_model()
                 book = None if plan is None else self._policies.policy(plan.kind, None, sample, False, plan.name)
@@ -258,6 +269,21 @@ class XpuspecModelForCausalLM:
             streamer.end()
         self.last_generate_stats = stats
         return pack_output(input_ids, new, scores, raw, config)
+
+    def _prepare_speculation(self) -> None:
+        """At load, what the first speculative request would otherwise spend its setup on: the second compiled copy
+        for 1-token steps of the runners whose passes alternate widths, and the target's cost profile (a sweep of
+        pass widths after a short prefill; its timings, not its tokens, matter)."""
+        plan = plan_speculation(self, self.speculative_config, True)
+        for runner in plan.drafter.runners() or [self.runner]:
+            runner.expect_mixed_widths()
+        if plan.schedule.cost_model and not self.runner.traits.lockstep:
+            token = self.generation_config.bos_token_id or 0
+            token = token if isinstance(token, int) else 0
+            self.runner.reset()
+            self.runner.forward([token] * PROFILE_CONTEXT, logits_to_keep=1)
+            self._costs.profile = measure_profile(self.runner, token)
+            self.runner.reset()
 
     def __call__(self, input_ids=None, attention_mask=None, labels=None, past_key_values=None,
                  use_cache=None, return_dict=None) -> CausalLMOutputWithPast:
@@ -367,8 +393,8 @@ class AutoModelForCausalLM:
             load_in_4bit, load_in_8bit: aliases for the default INT4 / INT8 format.
             group_size, ratio, awq, scale_estimation: NNCF weight-compression parameters (INT4).
             ov_config: OpenVINO compile properties (optimum-intel's name).
-            speculative: ``True`` or ``"self"`` (an INT4 copy of the model drafts, ipex-llm's
-                meaning), ``"layer_skip"`` (the model without some layers drafts; the layers are
+            speculative: ``True`` (:data:`~xpuspec.speculative.config.DEFAULT_MODE`, prompt lookup: the mode
+                measured fastest), ``"self"`` (an INT4 copy of the model drafts, ipex-llm's meaning), ``"layer_skip"`` (the model without some layers drafts; the layers are
                 chosen by calibration and cached), ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
                 :class:`SpeculativeConfig`. ``generate`` then decodes speculatively; greedy output
                 stays token-identical to plain greedy decoding.
@@ -465,16 +491,23 @@ class AutoModelForCausalLM:
         model.format_choice = choice
         if spec is not None:
             model.speculative_config = spec
+            before = rss_bytes()
             if spec.uses_model:
-                model.draft_model = cls.from_pretrained(  # any backend: the torch one has no INT4
-                    _draft_source(spec, draft_origin, pretrained_model_name_or_path if draft_origin is source
-                                  else draft_origin.path), device=draft_device_name,
-                    load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),
-                    ov_config=ov_config, **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size},
-                )
-                check_draft(model, model.draft_model)
-                log.info("draft %s on %s: %.1f MiB of extra weights", model.draft_model.name_or_path,
-                         draft_device_name, model.draft_model.runner.weight_bytes / 2**20)
+                draft_args = dict(pretrained_model_name_or_path=_draft_source(
+                    spec, draft_origin, pretrained_model_name_or_path if draft_origin is source else draft_origin.path),
+                    device=draft_device_name, load_in_low_bit=spec.draft_low_bit or _default_draft_low_bit(spec, low_bit),
+                    ov_config=ov_config, **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size})
+                draft = model.draft_model = cls.from_pretrained(**draft_args)  # any backend: the torch one has no INT4
+                check_draft(model, draft)
+                draft.runner = ReleasableRunner(draft.runner, lambda: cls.from_pretrained(**draft_args).runner,
+                                                f"draft model {draft.name_or_path}")
+            model._prepare_speculation()
+            after = rss_bytes()
+            model.draft_memory_bytes = None if before is None or after is None else max(0, after - before)
+            weights = model.draft_model.runner.weight_bytes if model.draft_model is not None else 0
+            log.info("speculative mode %s: %s of extra memory (draft weights %.1f MiB)", spec.mode,
+                     "unknown" if model.draft_memory_bytes is None else f"{model.draft_memory_bytes / 2**20:.1f} MiB",
+                     weights / 2**20)
         return model
 
     @classmethod
@@ -495,6 +528,9 @@ class AutoModelForCausalLM:
         return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config, speculative=speculative,
                                    draft_low_bit=draft_low_bit, draft_device=draft_device)
 
+
+#: Tokens in the KV cache when the cost profile is measured at load.
+PROFILE_CONTEXT = 32
 
 #: from_pretrained's private keyword for a draft model's load: SpeculativeConfig.draft_vocab_size.
 _DRAFT_VOCAB_SIZE = "_draft_vocab_size"

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser, formats, default_format: str) -> N
                    help="self | layer_skip | prompt_lookup | hybrid | draft (with --draft) | a draft model path or "
                         "name (default: plain decoding; requests may still ask for prompt_lookup_num_tokens)")
     p.add_argument("--draft", default=None, metavar="M", help="the draft model of --speculative draft or hybrid")
-    p.add_argument("--draft-low-bit", default=None, choices=formats,
+    p.add_argument("--draft-low-bit", default=None, choices=tuple(f for f in formats if f != "auto"),
                    help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
     p.add_argument("--max-batch", type=int, default=1, metavar="N",

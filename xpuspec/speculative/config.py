@@ -1,6 +1,6 @@
 """SpeculativeConfig: which drafter, and how long its drafts are.
 
-``from_pretrained(..., speculative=X)`` accepts ``True`` (self-speculation), ``"self"``,
+``from_pretrained(..., speculative=X)`` accepts ``True`` (:data:`DEFAULT_MODE`), ``"self"``,
 ``"layer_skip"``, ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
 :class:`SpeculativeConfig`.
 """
@@ -17,6 +17,10 @@ from .schedule import DEFAULT_LOOKUP_TOKENS, DraftSchedule, check_count
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "suffix", "suffix_hybrid", "draft")
 #: Modes that draft without a model.
 FREE_MODES = ("prompt_lookup", "suffix")
+#: The mode of ``speculative=True``: the one measured fastest end to end against plain decoding on the CPUs
+#: measured (benchmarks/results/speculative-default.md); it never lost to plain under load, and it holds no
+#: second copy of the weights.
+DEFAULT_MODE = "prompt_lookup"
 #: Draft format of self-speculation: a low-bit copy of the target.
 DEFAULT_SELF_DRAFT_LOW_BIT = "int4_sym"
 DRAFT_DEVICE_ENV = "XPUSPEC_DRAFT_DEVICE"
@@ -198,18 +202,18 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
     if speculative is None or speculative is False:
         if overrides:
             raise SpeculativeConfigError(
-                f"{', '.join(sorted(overrides))} given without speculative=; add speculative=True.")
+                f"{', '.join(sorted(overrides))} given without speculative=; add speculative='self' (or another mode with a draft model).")
         return None
     if isinstance(speculative, SpeculativeConfig):
         return replace(speculative, **overrides)
     if speculative is True:
-        return SpeculativeConfig(mode="self", **overrides)
+        return SpeculativeConfig(mode=DEFAULT_MODE, **overrides)
     if isinstance(speculative, str) and speculative in MODES and speculative != "draft":
         return SpeculativeConfig(mode=speculative, **overrides)
     if isinstance(speculative, (str, os.PathLike)):
         _refuse_mode_typo(str(speculative))
         return SpeculativeConfig(mode="draft", draft=str(speculative), **overrides)
-    raise SpeculativeConfigError(f"speculative= takes True, 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft "
+    raise SpeculativeConfigError(f"speculative= takes True ({DEFAULT_MODE!r}), 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft "
                                  f"path or a SpeculativeConfig, not {speculative!r}.")
 
 

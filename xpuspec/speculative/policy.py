@@ -55,6 +55,8 @@ PRIOR_DRAFT_STEP = 0.3
 #: Requests in a row that stopped the draft model before later requests skip it, and the most skipped in a row.
 FAILURES_BEFORE_SKIPPING = 2
 MAX_SKIPPED = 16
+#: A draft model left out of this many requests in a row gives its memory back until a request drafts with it.
+RELEASE_AFTER_SKIPPED = 4
 #: A free drafter (prompt lookup) that does not pay is paused for this many new tokens, doubled per pause.
 FIRST_PAUSE_TOKENS = 2
 MAX_PAUSE_TOKENS = 32
@@ -201,6 +203,11 @@ class SpeculationPolicy:
         self.skipped = 0
         return True
 
+    @property
+    def releases_model(self) -> bool:
+        """Whether the draft model has been left out of :data:`RELEASE_AFTER_SKIPPED` requests in a row."""
+        return self.uses_model and self.skipped >= RELEASE_AFTER_SKIPPED
+
     def begin(self, schedule: DraftSchedule, profile: Optional[CostProfile], with_model: bool) -> "RequestPolicy":
         """The policy of one request drafting by ``schedule``; ``profile``: the target's costs (``None``: not measured
         yet, or the cost model is off: the schedule's lengths as they are)."""
@@ -220,9 +227,13 @@ class SpeculationPolicy:
             self.draft_ratio = statistics.median(request.draft_ratios)
         if stopped and not self.logged:
             self.logged = True
-            log.info("%s stopped after %d tokens: predicted %.2fx plain decoding at best (full accept: %.2fx); "
-                     "requests skip it after %d such in a row", self.name, request.stopped.after_tokens,
-                     request.stopped.predicted, request.stopped.full_accept, FAILURES_BEFORE_SKIPPING)
+            counts = request.model_counts
+            log.info("%s stopped after %d tokens: measured acceptance %.0f%% at the first draft position over %d "
+                     "rounds, predicted %.2fx plain decoding at best (full accept: %.2fx); requests skip it after %d "
+                     "such in a row (logged once per model)", self.name, request.stopped.after_tokens,
+                     100 * counts.accepted[0] / counts.judged[0] if counts.judged else 0.0,
+                     counts.judged[0] if counts.judged else 0, request.stopped.predicted,
+                     request.stopped.full_accept, FAILURES_BEFORE_SKIPPING)
 
 
 @dataclass(frozen=True)
