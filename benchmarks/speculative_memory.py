@@ -4,8 +4,9 @@
     python benchmarks/speculative_memory.py --low-bit int8_sym --sharing  # OpenVINO: compile twice vs infer requests
 
 Per mode, in a fresh process: RSS after the imports, after ``from_pretrained`` and after 3 greedy requests of 48
-tokens; ``model.draft_memory_bytes`` is what the load attributes to speculation. ``--sharing`` compiles the
-target's paged IR once and creates a second infer request, then compiles it a second time, with RSS after each.
+tokens; ``model.draft_memory_bytes`` is what the load attributes to speculation. ``--sharing`` times and measures, on
+the paged runner, 1-token steps alternating with 4-token passes on one infer request, on a second infer request of
+the same compiled model, and on a second compiled model (:func:`sharing`).
 """
 
 import argparse
@@ -44,32 +45,50 @@ def one_mode(model_name, low_bit, mode):
 
 
 def sharing(model_name, low_bit):
+    """On the paged runner: RSS and the time of 20 alternations of a step pass (the steps' width) with a 4-token
+    pass, where the steps run on (a) the wide infer request itself, (b) a second infer request of the same compiled
+    model, (c) a second compiled model of the same ov.Model (what expect_mixed_widths makes). Each after warm-up."""
+    import time
+
     import openvino as ov
 
     from xpuspec import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_name, device="cpu", load_in_low_bit=low_bit)
     runner = model.runner
-    core, graph, config = runner._core, runner._model, runner.configs[0]
-    rows, prev = [], rss_mib()
+    width = runner.traits.single_step_width
+    runner.reset()
+    runner.forward(list(range(100, 132)))
 
-    def note(what):
-        nonlocal prev
-        now = rss_mib()
-        rows.append((what, now - prev))
-        prev = now
+    def alternate(rounds=20):
+        start = time.perf_counter()
+        for _ in range(rounds):
+            runner._pass([7] * width, 1, step=True)
+            runner._length -= width
+            runner._pass([7] * 4, 1)
+            runner._length -= 4
+        return (time.perf_counter() - start) / rounds
 
-    first = core.compile_model(graph, "CPU", config)
-    note("compile the model (a second compiled model beside the runner's)")
-    req = first.create_infer_request()
-    note("an infer request of it")
-    req2 = first.create_infer_request()
-    note("a second infer request of the same compiled model")
-    again = core.compile_model(graph, "CPU", config)
-    note("compile the same ov.Model once more")
-    req3 = again.create_infer_request()
-    note("an infer request of that")
-    return dict(weights_mib=runner.weight_bytes / 2**20, steps=rows, openvino=ov.__version__)
+    def share_cache(request):
+        for port in runner._cache_inputs:
+            request.set_tensor(port.any_name, runner._wide.get_tensor(port.any_name))
+        return request
+
+    rows = []
+    alternate(3)
+    before = rss_mib()
+    rows.append(("steps on the wide infer request itself", 0.0, alternate()))
+    second = share_cache(runner._wide.get_compiled_model().create_infer_request())
+    runner._step = second
+    alternate(3)
+    rows.append(("a second infer request of the same compiled model", rss_mib() - before, alternate()))
+    runner._step = runner._wide
+    del second
+    before = rss_mib()
+    runner.expect_mixed_widths()
+    alternate(3)
+    rows.append(("a second compiled model of the same ov.Model", rss_mib() - before, alternate()))
+    return dict(weights_mib=runner.weight_bytes / 2**20, steps=rows, openvino=ov.__version__, width=width)
 
 
 if __name__ == "__main__":
@@ -85,9 +104,10 @@ if __name__ == "__main__":
         sys.exit(0)
     if args.sharing:
         found = sharing(args.model, args.low_bit)
-        print(f"weights {found['weights_mib']:.1f} MiB, OpenVINO {found['openvino']}")
-        for what, mib in found["steps"]:
-            print(f"| {what} | {mib:+.1f} MiB |")
+        print(f"weights {found['weights_mib']:.1f} MiB, step width {found['width']}, OpenVINO {found['openvino']}")
+        print("| the steps run on | RSS added | ms per (step + 4-token pass) |\n|---|---|---|")
+        for what, mib, seconds in found["steps"]:
+            print(f"| {what} | {mib:+.1f} MiB | {1000 * seconds:.1f} |")
         sys.exit(0)
     print("| mode | RSS after load | after 3 requests | draft_memory_bytes | draft weights |\n|---|---|---|---|---|")
     for mode in args.modes:
