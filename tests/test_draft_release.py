@@ -47,7 +47,7 @@ def test_a_skipped_layer_skip_draft_is_released_and_comes_back(tokenizer, never_
     assert sum("stopped after" in m for m in messages) == 1  # once per model
     stop = next(m for m in messages if "stopped after" in m)
     assert "measured acceptance" in stop and "predicted" in stop and "plain decoding at best" in stop
-    assert sum(" released (" in m for m in messages) == 1 and sum("loaded again" in m for m in messages) == 1
+    assert sum(" released (" in m for m in messages) == 1 and sum("loaded again (" in m for m in messages) == 1
 
 
 def test_prompt_lookup_is_prepared_at_load(tokenizer):
