@@ -109,3 +109,13 @@ def test_speculative_true_is_prompt_lookup_and_lossless(tokenizer):
         fast = model.generate(ids, max_new_tokens=32, do_sample=False)
         assert model.last_generate_stats.acceptance_counts is not None  # it ran the speculative loop
         assert torch.equal(fast, model.generate(ids, max_new_tokens=32, do_sample=False, speculative=False))
+
+
+def test_the_cli_and_the_server_default_to_auto():
+    from xpuspec.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["generate", "hi"]).low_bit == "auto"
+    assert parser.parse_args(["serve", MODEL]).low_bit == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "hi", "--draft-low-bit", "auto"])  # a draft's format is named

@@ -21,6 +21,8 @@ log = logging.getLogger("xpuspec")
 
 #: What a release keeps: attributes that are the same for every load of one draft.
 _KEPT = ("device", "vocab_size", "weight_bytes", "num_layers", "max_length", "max_prompt_len", "traits", "head_tokens")
+#: ... and those a backend's runner may have (the IR folder, the KV cache's block size), kept where it has them.
+_KEPT_IF_THERE = ("folder", "block_size")
 
 
 class ReleasableRunner(Runner):
@@ -33,7 +35,7 @@ class ReleasableRunner(Runner):
     def __init__(self, runner: Runner, load: Callable[[], Runner], name: str = "draft model"):
         self._inner: Optional[Runner] = runner
         self._load, self._name = load, name
-        for key in _KEPT:
+        for key in _KEPT + tuple(k for k in _KEPT_IF_THERE if hasattr(runner, k)):
             setattr(self, key, getattr(runner, key))
         self.releases = self.reloads = 0
         self._load_s = 0.0  # seconds of the last reload not yet reported by expect_mixed_widths
