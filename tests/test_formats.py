@@ -119,3 +119,14 @@ def test_the_cli_and_the_server_default_to_auto():
     assert parser.parse_args(["serve", MODEL]).low_bit == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "hi", "--draft-low-bit", "auto"])  # a draft's format is named
+
+
+def test_the_cache_is_keyed_by_the_cpu_flags(smollm2_path):
+    from xpuspec.devices import cpu_flags
+
+    backend, device = resolve_device("cpu", "openvino")
+    identity = backend.identity(device)
+    assert identity["cpu_flags"] == cpu_flags() and "avx2" in identity["cpu_flags"].split()
+    assert identity["openvino"] and identity["backend"] == "openvino"
+    folder = resolve_source(MODEL).path
+    assert formats.measures_path(folder, identity) != formats.measures_path(folder, {**identity, "cpu_flags": "avx2"})
