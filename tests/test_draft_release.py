@@ -9,22 +9,23 @@ import torch
 from conftest import MODEL, PROMPTS
 from xpuspec import AutoModelForCausalLM
 from xpuspec.speculative import policy
+from xpuspec.speculative.config import SpeculativeConfig
 from xpuspec.speculative.resident import ReleasableRunner
 
 
 @pytest.fixture
 def never_pays(monkeypatch):
     """The draft model never pays (stopped in every request it starts), and never 'cannot pay' at all, so that the
-    policy skips it after FAILURES_BEFORE_SKIPPING requests and probes it again after one skipped request."""
+    policy skips it after FAILURES_BEFORE_SKIPPING requests and probes it again after one skipped request; the test
+    releases the draft after one skipped request (release_draft_after=1)."""
     monkeypatch.setattr(policy, "SPEEDUP_TO_KEEP", float("inf"))
     monkeypatch.setattr(policy.Stop, "cannot_pay", property(lambda self: False))
-    monkeypatch.setattr(policy, "RELEASE_AFTER_SKIPPED", 1)
 
 
 def test_a_skipped_layer_skip_draft_is_released_and_comes_back(tokenizer, never_pays, caplog):
     with caplog.at_level(logging.INFO, logger="xpuspec"):
         model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
-                                                     speculative="layer_skip")
+                                                     speculative=SpeculativeConfig("layer_skip", release_draft_after=1))
     draft = model.draft_model.runner
     assert isinstance(draft, ReleasableRunner) and draft.resident
     assert model.draft_memory_bytes is not None and model.draft_memory_bytes > 0

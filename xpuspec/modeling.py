@@ -53,8 +53,8 @@ class XpuspecModelForCausalLM:
         draft_model: the draft model of ``"self"``, ``"hybrid"`` or ``"draft"`` speculation, or ``None``.
         draft_memory_bytes: with a speculative config, the process memory (RSS) that speculation added at load: the
             draft model and any second compiled copy for 1-token steps (``None`` where RSS cannot be read, or no
-            speculation). A draft model the policy left out of :data:`~xpuspec.speculative.policy.RELEASE_AFTER_SKIPPED`
-            requests in a row is released, and loaded again when a request drafts with it.
+            speculation). A draft model the policy left out of ``SpeculativeConfig.release_draft_after`` (4) requests in
+            a row is released, and loaded again when a request drafts with it.
         format_choice: with ``load_in_low_bit="auto"``, the :class:`xpuspec.formats.FormatChoice` (every candidate's
             measured perplexity change and speed, and the one chosen); else ``None``.
     """
@@ -248,7 +248,8 @@ class XpuspecModelForCausalLM:
             sample = bool(config.do_sample)
             book = self._policies.policy(plan.kind, plan.draft_runner, sample, plan.drafter.uses_model, plan.name)
             skipped = not book.starts_model(plan.schedule)
-            if skipped and book.releases_model and isinstance(plan.draft_runner, ReleasableRunner):
+            after = self.speculative_config.release_draft_after if self.speculative_config else 0
+            if skipped and book.releases_model(after) and isinstance(plan.draft_runner, ReleasableRunner):
                 freed = plan.draft_runner.release()
                 if freed:
                     log.info("%s released (%.1f MiB of weights): left out of %d requests in a row; loaded again when a "

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser, formats, default_format: str) -> N
     p.add_argument("--draft-low-bit", default=None, choices=tuple(f for f in formats if f != "auto"),
                    help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
+    p.add_argument("--draft-release-after", type=int, default=None, metavar="N",
+                   help="release a draft model the policy left out of N requests in a row, until one drafts with it "
+                        "(default 4; 0 keeps it loaded)")
     p.add_argument("--max-batch", type=int, default=1, metavar="N",
                    help="requests decoded together (1: the serial engine, the only one built yet)")
     p.add_argument("--kv-budget-mib", type=int, default=None, metavar="N",
@@ -89,7 +92,8 @@ def _speculative(args):
     """
     from ..speculative.config import resolve_speculative
 
-    options = dict(draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
+    options = dict(draft_low_bit=args.draft_low_bit, draft_device=args.draft_device,
+                   release_draft_after=args.draft_release_after)
     if args.draft is not None and args.speculative != "hybrid":  # --speculative draft, or --draft alone
         return resolve_speculative(args.draft, **options)
     spec = resolve_speculative(args.speculative, **options)

@@ -26,6 +26,8 @@ DEFAULT_SELF_DRAFT_LOW_BIT = "int4_sym"
 DRAFT_DEVICE_ENV = "XPUSPEC_DRAFT_DEVICE"
 #: Default draft length k with a draft model (transformers' ``num_assistant_tokens``).
 DEFAULT_ASSISTANT_TOKENS = 4
+#: A draft model left out of this many requests in a row gives its memory back until a request drafts with it.
+DEFAULT_RELEASE_DRAFT_AFTER = 4
 #: Default shortest n-gram of prompt lookup alone (a hybrid's is its longest).
 DEFAULT_MIN_NGRAM = 2
 
@@ -85,6 +87,9 @@ class SpeculativeConfig:
             can tell one request that another's output resembled it (see ``docs/speculative.md``).
         suffix_cache_dir: a folder where the suffix cache is saved and restored across processes (``None``: kept
             in memory only).
+        release_draft_after: a draft model that the policy left out of this many requests in a row is released
+            (its compiled models and KV cache dropped) and loaded again when a request drafts with it
+            (:mod:`xpuspec.speculative.resident`); 0 keeps it loaded.
     """
 
     mode: str = "self"
@@ -104,6 +109,7 @@ class SpeculativeConfig:
     draft_context_length: Optional[int] = None
     share_across_requests: bool = True
     suffix_cache_dir: Optional[str] = None
+    release_draft_after: int = DEFAULT_RELEASE_DRAFT_AFTER
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -144,6 +150,10 @@ class SpeculativeConfig:
         given = [name for name in ("draft", "draft_low_bit", "draft_device") if getattr(self, name)]
         if self.mode in FREE_MODES and given:
             raise SpeculativeConfigError(f"{self.mode} uses no draft model: drop {'=, '.join(given)}=.")
+        after = self.release_draft_after
+        if isinstance(after, bool) or not isinstance(after, numbers.Integral) or after < 0:
+            raise SpeculativeConfigError(f"release_draft_after must be an int >= 0 (0: keep the draft loaded), got {after!r}.")
+        object.__setattr__(self, "release_draft_after", int(after))
         self._check_draft_count("draft_vocab_size", "vocabulary")
         self._check_draft_count("draft_context_length", "context")
         if self.mode in FREE_MODES and self.overlap:

@@ -55,8 +55,6 @@ PRIOR_DRAFT_STEP = 0.3
 #: Requests in a row that stopped the draft model before later requests skip it, and the most skipped in a row.
 FAILURES_BEFORE_SKIPPING = 2
 MAX_SKIPPED = 16
-#: A draft model left out of this many requests in a row gives its memory back until a request drafts with it.
-RELEASE_AFTER_SKIPPED = 4
 #: A free drafter (prompt lookup) that does not pay is paused for this many new tokens, doubled per pause.
 FIRST_PAUSE_TOKENS = 2
 MAX_PAUSE_TOKENS = 32
@@ -203,10 +201,9 @@ class SpeculationPolicy:
         self.skipped = 0
         return True
 
-    @property
-    def releases_model(self) -> bool:
-        """Whether the draft model has been left out of :data:`RELEASE_AFTER_SKIPPED` requests in a row."""
-        return self.uses_model and self.skipped >= RELEASE_AFTER_SKIPPED
+    def releases_model(self, after: int) -> bool:
+        """Whether the draft model has been left out of ``after`` (>= 1; 0: never) requests in a row."""
+        return self.uses_model and after > 0 and self.skipped >= after
 
     def begin(self, schedule: DraftSchedule, profile: Optional[CostProfile], with_model: bool) -> "RequestPolicy":
         """The policy of one request drafting by ``schedule``; ``profile``: the target's costs (``None``: not measured
