@@ -141,7 +141,7 @@ def measures_path(folder, identity: dict, compile_config: Optional[dict] = None)
     return cache_root() / "formats" / f"{key}.json"
 
 
-def cached_measures(path) -> Optional[Tuple[FormatMeasure, ...]]:
+def cached_measures(path, warn: bool = True) -> Optional[Tuple[FormatMeasure, ...]]:
     """The measurements cached at ``path`` (those of the candidates the backend runs); ``None`` where there are none or they cannot be read (one warning)."""
     try:
         text = path.read_text()
@@ -153,7 +153,8 @@ def cached_measures(path) -> Optional[Tuple[FormatMeasure, ...]]:
             raise ValueError("the reference or an unknown format")
         return found
     except (ValueError, TypeError, KeyError) as exc:
-        log.warning("the cached format measurements %s cannot be read (%s); measuring again", path, exc)
+        if warn:
+            log.warning("the cached format measurements %s cannot be read (%s); measuring again", path, exc)
         return None
 
 
@@ -184,7 +185,7 @@ def auto_format(folder, identity: dict, load: Load, tokenizer_factory: Callable[
 def note_quality(folder, identity: dict, fmt: str, compile_config: Optional[dict] = None) -> Optional[FormatMeasure]:
     """Where ``fmt`` was measured on this model and device (by an earlier ``auto``) and its perplexity change passes
     :data:`PPL_NOTE_THRESHOLD`, log one INFO line saying so. Returns the measure, or ``None``. Never measures."""
-    measures = cached_measures(measures_path(folder, identity, compile_config)) or ()
+    measures = cached_measures(measures_path(folder, identity, compile_config), warn=False) or ()
     found = next((m for m in measures if m.format == fmt), None)
     if found is not None and found.ppl_delta > PPL_NOTE_THRESHOLD:
         log.info("%s on this model and device: perplexity %+.1f%% vs fp32 (measured; load_in_low_bit='auto' keeps "
