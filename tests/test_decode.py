@@ -127,17 +127,22 @@ def test_stop_strings_cut_where_plain_decoding_stops(tiny_pair):
 
 
 def test_the_profile_is_measured_once_per_target_up_to_the_widest_pass_needed(tmp_path):
-    """The first speculative request with the cost model on measures the target's profile after its first token
-    (counted as setup); the next request reuses it; the output stays the plain greedy one."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "t", seed=3), device="cpu", backend="torch",
-                                                 speculative="prompt_lookup")
+    """A model loaded with speculation measures its profile at load; one loaded without measures it in its first
+    speculative request, after its first token (counted as setup); the next request reuses it; the output stays the
+    plain greedy one."""
+    folder = tiny_model(tmp_path / "t", seed=3)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="torch", speculative="prompt_lookup")
+    assert loaded._costs.profile is not None and max(loaded._costs.profile.seconds) >= 8
+    model = AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="torch")
     ids = torch.tensor([[3, 4, 5, 6, 3, 4, 5, 6, 3, 4]])
-    plain = model.generate(ids, max_new_tokens=12, do_sample=False, speculative=False)
+    plain = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(loaded.generate(ids, max_new_tokens=12, do_sample=False), plain)
+    assert loaded.last_generate_stats.setup_s == 0
     assert model._costs.profile is None
-    assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False), plain)
+    assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False, prompt_lookup_num_tokens=10), plain)
     profile = model._costs.profile
     assert profile is not None and max(profile.seconds) >= 8 and model.last_generate_stats.setup_s > 0
-    assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False), plain)
+    assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False, prompt_lookup_num_tokens=10), plain)
     assert model._costs.profile is profile and model.last_generate_stats.setup_s == 0
 
 

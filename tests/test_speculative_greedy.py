@@ -132,14 +132,14 @@ def test_masked_rollback_over_many_rounds_equals_a_fresh_forward(smollm2_path, t
 
 
 def test_speculation_switched_off_hands_the_rest_to_the_native_engine(smollm2_path, tokenizer, monkeypatch):
-    """README's speculative=True with the cost model on: where the policy stops the draft model and the handover
+    """speculative="self" with the cost model on: where the policy stops the draft model and the handover
     pays (forced here), openvino_genai decodes the rest (min_new_tokens unset, so its remainder must not go
     negative); same tokens. The runner steps one token at a time here, so that the engine may decode."""
     from xpuspec.runner import RunnerTraits
     from xpuspec.speculative import policy
     from xpuspec.speculative.profile import TargetCosts
 
-    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative=True,
+    model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative="self",
                                                  ov_config={"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
     monkeypatch.setattr(model.runner, "traits", RunnerTraits(fixed_verify_width=True))
     monkeypatch.setattr(TargetCosts, "hand_over_pays", lambda self, remaining, context: True)

@@ -10,6 +10,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .errors import BackendUnavailableError, DeviceNotFoundError
@@ -80,6 +81,20 @@ class Backend(ABC):
         :class:`xpuspec.sources.ModelSource`) on ``device`` in ``low_bit`` (an architecture or format the backend
         cannot run). Default: nothing to check."""
 
+    def identity(self, device: str) -> dict:
+        """What identifies the kernels a model gets on ``device`` (this backend's spelling), for caches of what was
+        measured there: the backend's name, the device's properties (:meth:`devices`) and, on a CPU, its
+        instruction-set flags (:func:`cpu_flags`: CPUs of one name differ in AVX-512, VNNI and AMX). A backend adds
+        its library's version."""
+        found = {"backend": self.name, "device": device}
+        for info in self.devices():
+            if self.matches(info, device):
+                found.update(info.properties)
+                break
+        if device.split(".")[0].split(":")[0] == "cpu":
+            found["cpu_flags"] = cpu_flags()
+        return found
+
     def can_cut_head(self, device: str) -> bool:
         """Whether :meth:`load` takes ``head_tokens`` (score only those token ids, the others' logits
         ``-inf``: a draft's LM head cut to frequent tokens, :mod:`xpuspec.speculative.vocab`) on ``device``."""
@@ -92,6 +107,18 @@ class Backend(ABC):
     def export_ir(self, source, folder, low_bit, device: str) -> None:
         """Write an OpenVINO IR folder (model, tokenizer, detokenizer, configs) into ``folder``."""
         raise NotImplementedError(f"The {self.name} backend cannot export OpenVINO IR.")
+
+
+def cpu_flags() -> str:
+    """The instruction-set flags of this machine's first CPU (``/proc/cpuinfo``), sorted and space-separated, or
+    ``""`` where unreadable."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return ""
 
 
 _BACKENDS: Optional[Dict[str, Backend]] = None

@@ -41,9 +41,9 @@ def check_batch_runner(runner: Runner, what: str = "batch > 1") -> None:
     """Refuse a runner that runs one sequence at a time.
 
     Raises:
-        BatchNotSupportedError: the runner has no ``open_sequence`` / ``forward_batch``.
+        BatchNotSupportedError: the runner's traits say it does not batch (no ``open_sequence`` / ``forward_batch``).
     """
-    if not (hasattr(runner, "open_sequence") and hasattr(runner, "forward_batch")):
+    if not runner.traits.batches:
         raise BatchNotSupportedError(
             f"{what} needs a runner that verifies several sequences in one pass; this model's "
             f"{type(runner).__name__} on {runner.device} runs one sequence at a time (the torch backend, pipeline "

@@ -24,12 +24,14 @@ from .hf_folder import check_tokenizer_files
 from .inputs import check_batch, check_fits, check_input_ids, clamp_to_context, is_batch
 from .lowbit import LowBitConfig, decoder_in_channels, resolve_low_bit
 from .numerics import check_loaded
+from . import formats
 from .sources import ModelSource, resolve_source
 from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_draft
 from .speculative.policy import PolicyBook
-from .speculative.profile import TargetCosts
+from .speculative.profile import TargetCosts, measure_profile
+from .speculative.resident import ReleasableRunner, rss_bytes
 from .speculative.pairing import check_draft, plan_speculation
 from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
 
@@ -57,6 +59,12 @@ class XpuspecModelForCausalLM:
             wait); read when the engine is first made.
         speculative_config: the :class:`SpeculativeConfig` given at load time, or ``None``.
         draft_model: the draft model of ``"self"``, ``"hybrid"`` or ``"draft"`` speculation, or ``None``.
+        draft_memory_bytes: with a speculative config, the process memory (RSS) that speculation added at load: the
+            draft model and any second compiled copy for 1-token steps (``None`` where RSS cannot be read, or no
+            speculation). A draft model the policy left out of ``SpeculativeConfig.release_draft_after`` (4) requests in
+            a row is released, and loaded again when a request drafts with it.
+        format_choice: with ``load_in_low_bit="auto"``, the :class:`xpuspec.formats.FormatChoice` (every candidate's
+            measured perplexity change and speed, and the one chosen); else ``None``.
     """
 
     def __init__(self, source: ModelSource, backend, device_name: str, runner, low_bit):
@@ -77,6 +85,8 @@ class XpuspecModelForCausalLM:
         self.max_batch = DEFAULT_MAX_BATCH
         self.speculative_config: Optional[SpeculativeConfig] = None
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
+        self.format_choice = None
+        self.draft_memory_bytes: Optional[int] = None
         self._policies = PolicyBook(runner.traits.single_step_width)  # speculation across requests, per drafter
         self._costs = TargetCosts()  # what the runner's passes cost, once measured
         self._suffix_cache = None  # SuffixDecoding's outputs of earlier requests, made on first use
@@ -227,7 +237,7 @@ class XpuspecModelForCausalLM:
             )
         if assistant_model is not None and assistant_model.runner is self.runner:
             raise ValueError("assistant_model is this model itself; they would share one KV cache. "
-                             "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative=True.")
+                             "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative='self'.")
         if batch is not None:
             return self._generate_rows(*batch, generation_config, streamer, assistant_model, spec_args, speculative,
                                        tokenizer, kwargs)
@@ -294,6 +304,12 @@ class XpuspecModelForCausalLM:
             sample = bool(config.do_sample)
             book = self._policies.policy(plan.kind, plan.draft_runner, sample, plan.drafter.uses_model, plan.name)
             skipped = not book.starts_model(plan.schedule)
+            after = self.speculative_config.release_draft_after if self.speculative_config else 0
+            if skipped and book.releases_model(after) and isinstance(plan.draft_runner, ReleasableRunner):
+                freed = plan.draft_runner.release()
+                if freed:
+                    log.info("%s released (%.1f MiB of weights): left out of %d requests in a row; loaded again when a "
+                             "request drafts with it", plan.name, freed / 2**20, book.skipped)
             if skipped:  # a hybrid keeps its prompt lookup
                 plan = plan.without_model()
                 book = None if plan is None else self._policies.policy(plan.kind, None, sample, False, plan.name)
@@ -315,7 +331,7 @@ class XpuspecModelForCausalLM:
     def can_batch(self, assistant_model=None) -> bool:
         """Whether this model, its draft model and ``assistant_model`` verify several sequences in one pass (the
         engine's runners: OpenVINO's paged runner), so that batches and concurrent calls run as rows of one batch."""
-        return all(hasattr(m.runner, "forward_batch") and not m.runner.traits.lockstep
+        return all(m.runner.traits.batches and not m.runner.traits.lockstep
                    for m in (self, assistant_model, self.draft_model) if m is not None)
 
     def _batcher(self):
@@ -397,6 +413,21 @@ class XpuspecModelForCausalLM:
             new, scores, raw, _ = results[0]
             return pack_output(ids, new, scores, raw, base)
         return pack_batch_output(ids, [r[:3] for r in results], base, self.runner.vocab_size)
+
+    def _prepare_speculation(self) -> None:
+        """At load, what the first speculative request would otherwise spend its setup on: the second compiled copy
+        for 1-token steps of the runners whose passes alternate widths, and the target's cost profile (a sweep of
+        pass widths after a short prefill; its timings, not its tokens, matter)."""
+        plan = plan_speculation(self, self.speculative_config, True)
+        for runner in plan.drafter.runners() or [self.runner]:
+            runner.expect_mixed_widths()
+        if plan.schedule.cost_model and not self.runner.traits.lockstep:
+            token = self.generation_config.bos_token_id or 0
+            token = token if isinstance(token, int) else 0
+            self.runner.reset()
+            self.runner.forward([token] * PROFILE_CONTEXT, logits_to_keep=1)
+            self._costs.profile = measure_profile(self.runner, token)
+            self.runner.reset()
 
     def __call__(self, input_ids=None, attention_mask=None, labels=None, past_key_values=None,
                  use_cache=None, return_dict=None) -> CausalLMOutputWithPast:
@@ -503,12 +534,15 @@ class AutoModelForCausalLM:
                 model into pipeline stages, one per device.
             backend: force a backend by entry-point name (``"openvino"``, ``"torch"``).
             load_in_low_bit: ``"int4_sym"``, ``"int4_asym"``, ``"int8_sym"``, ``"int8_asym"``, ``"fp16"``,
-                ``"bf16"`` (where the device computes in bfloat16), ``"fp32"``, or a :class:`LowBitConfig`. ``None`` keeps the source's precision.
+                ``"bf16"`` (where the device computes in bfloat16), ``"fp32"``, or a :class:`LowBitConfig`. ``None``
+                keeps the source's precision. ``"auto"``: the fastest format on this device whose perplexity stays
+                within +5% of fp32's, measured once per model and device (minutes) and cached
+                (:mod:`xpuspec.formats`; :attr:`format_choice`).
             load_in_4bit, load_in_8bit: aliases for the default INT4 / INT8 format.
             group_size, ratio, awq, scale_estimation: NNCF weight-compression parameters (INT4).
             ov_config: OpenVINO compile properties (optimum-intel's name).
-            speculative: ``True`` or ``"self"`` (an INT4 copy of the model drafts, ipex-llm's
-                meaning), ``"layer_skip"`` (the model without some layers drafts; the layers are
+            speculative: ``True`` (:data:`~xpuspec.speculative.config.DEFAULT_MODE`, prompt lookup: the mode
+                measured fastest), ``"self"`` (an INT4 copy of the model drafts, ipex-llm's meaning), ``"layer_skip"`` (the model without some layers drafts; the layers are
                 chosen by calibration and cached), ``"prompt_lookup"``, ``"hybrid"``, a draft model path or name, or a
                 :class:`SpeculativeConfig`. ``generate`` then decodes speculatively; greedy output
                 stays token-identical to plain greedy decoding.
@@ -545,6 +579,7 @@ class AutoModelForCausalLM:
         if ov_config is not None and not isinstance(ov_config, dict):
             raise TypeError(f"ov_config must be a dict of OpenVINO properties, e.g. {{'PERFORMANCE_HINT': 'LATENCY'}}, "
                             f"got {type(ov_config).__name__} {ov_config!r}.")
+        is_draft = _DRAFT_VOCAB_SIZE in kwargs
         draft_vocab_size = kwargs.pop(_DRAFT_VOCAB_SIZE, 0)  # a draft's SpeculativeConfig.draft_vocab_size; 0: no draft
         if kwargs:
             raise TypeError(f"from_pretrained() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
@@ -554,7 +589,11 @@ class AutoModelForCausalLM:
                 raise LowBitConfigError(f"dtype {chosen_dtype} is not supported; use torch.float32, torch.float16 "
                                         "or torch.bfloat16.")
             load_in_low_bit = _DTYPE_FORMATS[chosen_dtype]
-        low_bit = resolve_low_bit(load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
+        auto = isinstance(load_in_low_bit, str) and load_in_low_bit.lower() == formats.AUTO
+        if auto and (load_in_4bit or load_in_8bit or any(v is not None for v in (group_size, ratio, awq, scale_estimation))):
+            raise LowBitConfigError("load_in_low_bit='auto' chooses among the formats at their default settings: drop "
+                                    "load_in_4bit/load_in_8bit/group_size/ratio/awq/scale_estimation, or name a format.")
+        low_bit = resolve_low_bit(None if auto else load_in_low_bit, load_in_4bit, load_in_8bit, group_size=group_size,
                                   ratio=ratio, awq=awq, scale_estimation=scale_estimation)
         if torchrun_pipeline(backend, pipeline_parallel_stages, spec):  # one stage per torchrun process
             chosen_backend, device_name = resolve_device(device, "torch")
@@ -578,6 +617,20 @@ class AutoModelForCausalLM:
                 draft_model_source = resolve_source(spec.draft)
         draft_origin = _self_draft_origin(spec, source) if uses_draft else source
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
+        identity = chosen_backend.identity(stage_devices[0])
+        choice = None
+        if auto:
+            if source.saved_low_bit is not None:
+                raise LowBitConfigError(f"{source.path} holds {source.saved_low_bit.format} weights already; "
+                                        "load_in_low_bit='auto' needs the original model. Load that, or drop 'auto'.")
+            choice = formats.auto_format(
+                source.path, identity, lambda c: cls.from_pretrained(pretrained_model_name_or_path, device=stage_devices[0],
+                                                                     backend=chosen_backend.name, load_in_low_bit=c,
+                                                                     ov_config=ov_config),
+                lambda: AutoTokenizer.from_pretrained(pretrained_model_name_or_path), ov_config)
+            low_bit = resolve_low_bit(choice.format)
+        elif low_bit is not None and not is_draft and low_bit == resolve_low_bit(low_bit.format):  # default settings
+            formats.note_quality(source.path, identity, low_bit.format, ov_config)
         if low_bit is not None:
             low_bit = low_bit.fitted(decoder_in_channels(config), stage_devices[0])
         if len(stage_devices) == 1:  # pipeline stages are checked by the backend's load, which knows them
@@ -606,8 +659,10 @@ class AutoModelForCausalLM:
                                           f"on {device_name} ({chosen_backend.name} backend)")
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
         model = XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
+        model.format_choice = choice
         if spec is not None:
             model.speculative_config = spec
+            before = rss_bytes()
             if spec.uses_model:
                 with ExitStack() as stack:
                     if spec.mode == "layer_skip":  # a calibrated folder that no draft loads from is removed again
@@ -615,14 +670,22 @@ class AutoModelForCausalLM:
                     else:
                         draft_from = spec.draft or (pretrained_model_name_or_path if draft_origin is source
                                                     else draft_origin.path)
+                    draft_args = dict(device=draft_device_name, backend=draft_backend_obj.name,
+                                      load_in_low_bit=draft_low_bit_choice, ov_config=ov_config,
+                                      **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size})
                     with _naming_the_draft(spec, draft_low_bit_choice, draft_device_name, draft_backend_obj.name):
-                        model.draft_model = cls.from_pretrained(
-                            draft_from, device=draft_device_name, backend=draft_backend_obj.name,
-                            load_in_low_bit=draft_low_bit_choice, ov_config=ov_config,
-                            **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size})
-                    check_draft(model, model.draft_model)
-                log.info("draft %s on %s: %.1f MiB of extra weights", model.draft_model.name_or_path,
-                         draft_device_name, model.draft_model.runner.weight_bytes / 2**20)
+                        draft = model.draft_model = cls.from_pretrained(draft_from, **draft_args)
+                    check_draft(model, draft)
+                draft.runner = ReleasableRunner(draft.runner, lambda: cls.from_pretrained(draft_from, **draft_args).runner,
+                                                f"draft model {draft.name_or_path}")
+            model._prepare_speculation()
+            after = rss_bytes()
+            model.draft_memory_bytes = None if before is None or after is None else max(0, after - before)
+            weights = model.draft_model.runner.weight_bytes if model.draft_model is not None else 0
+            log.info("speculative mode %s on %s: %s of extra memory (draft weights %.1f MiB)", spec.mode,
+                     draft_device_name if spec.uses_model else device_name,
+                     "unknown" if model.draft_memory_bytes is None else f"{model.draft_memory_bytes / 2**20:.1f} MiB",
+                     weights / 2**20)
         return model
 
     @classmethod
@@ -657,6 +720,9 @@ def _with_gguf_file(name_or_path, gguf_file: Optional[str]):
         raise ModelSourceError(f"gguf_file={str(gguf_file)!r}: no such file in {str(name_or_path)!r} ({path}).")
     return str(path)
 
+
+#: Tokens in the KV cache when the cost profile is measured at load.
+PROFILE_CONTEXT = 32
 
 #: from_pretrained's private keyword for a draft model's load: SpeculativeConfig.draft_vocab_size.
 _DRAFT_VOCAB_SIZE = "_draft_vocab_size"

@@ -23,12 +23,15 @@ class RunnerTraits:
         lockstep: one stage of a multi-process pipeline: every rank runs the same loop and must take the same
             decisions, so none may depend on timing (the cost model is off).
         uses_torch_threads: the passes compute with torch's intra-op threads (the torch backends).
+        batches: the runner verifies several sequences in one pass (``open_sequence`` and ``forward_batch``, the
+            batched engine's contract: :mod:`xpuspec.engine`).
     """
 
     single_step_width: int = 1
     fixed_verify_width: bool = False
     lockstep: bool = False
     uses_torch_threads: bool = False
+    batches: bool = False
 
 
 class Runner(ABC):

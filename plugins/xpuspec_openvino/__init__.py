@@ -178,6 +178,11 @@ class OpenVINOBackend(Backend):
             aliases |= {"gpu", "gpu.0"}
         return requested in aliases
 
+    def identity(self, device: str) -> dict:
+        import openvino as ov
+
+        return {**super().identity(device), "openvino": ov.__version__}
+
     def can_cut_head(self, device: str) -> bool:
         """CPU and GPU: the LM head's weight is cut in the graph (:func:`.graph.keep_head_rows`); the NPU's NPUW
         pipeline builds its own head."""

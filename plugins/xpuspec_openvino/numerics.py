@@ -22,6 +22,7 @@ from typing import Callable, List, Sequence
 import torch
 
 from xpuspec.cache import cache_root, digest, folder_fingerprint
+from xpuspec.devices import cpu_flags
 
 log = logging.getLogger("xpuspec")
 
@@ -115,19 +116,8 @@ def device_identity(core, device: str, is_cpu: bool) -> dict:
         except RuntimeError:  # a plugin without the property
             continue
     if is_cpu:
-        identity["cpu_flags"] = _cpu_flags()
+        identity["cpu_flags"] = cpu_flags()
     return identity
-
-
-def _cpu_flags() -> str:
-    """The instruction-set flags of this machine's first CPU (``/proc/cpuinfo``), or ``""`` where unreadable."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return ""
 
 
 def cached_probe(folder: Path, device_identity: dict, config: dict, measure: Callable[[], StepNumerics]) -> StepNumerics:

@@ -158,7 +158,8 @@ class PagedRunner(Runner):
         self._own = PagedSequence(self)  # the sequence the batch-1 Runner methods run on
         self._genai = GenAIGreedy(self.folder, device.upper(), config, attention_backend="PA")
         # rollback of the padding is free, and the wide copy keeps one width
-        self.traits = RunnerTraits(single_step_width=self._probe_single_step(is_cpu), fixed_verify_width=True)
+        self.traits = RunnerTraits(single_step_width=self._probe_single_step(is_cpu), fixed_verify_width=True,
+                                   batches=True)
 
     def _probe_single_step(self, is_cpu: bool) -> int:
         """The width a 1-token pass runs at: 2 where it computes otherwise than wider passes (:mod:`.numerics`)."""

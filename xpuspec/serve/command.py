@@ -42,9 +42,12 @@ def add_arguments(p: argparse.ArgumentParser, formats, default_format: str) -> N
                         "earlier requests' outputs, which tells by timing whether one user's output resembles "
                         "another's: share only among users who trust each other")
     p.add_argument("--draft", default=None, metavar="M", help="the draft model of --speculative draft or hybrid")
-    p.add_argument("--draft-low-bit", default=None, choices=formats,
+    p.add_argument("--draft-low-bit", default=None, choices=tuple(f for f in formats if f != "auto"),
                    help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
+    p.add_argument("--draft-release-after", type=int, default=None, metavar="N",
+                   help="release a draft model the policy left out of N requests in a row, until one drafts with it "
+                        "(default 4; 0 keeps it loaded)")
     p.add_argument("--max-batch", type=int, default=None, metavar="N",
                    help=f"requests decoded together by continuous batching (default {DEFAULT_MAX_BATCH}; 1: one at a "
                         "time); a backend that decodes one sequence (torch, pipeline stages) runs one at a time")
@@ -99,7 +102,8 @@ def _speculative(args):
     """
     from ..speculative.config import resolve_speculative
 
-    options = dict(draft_low_bit=args.draft_low_bit, draft_device=args.draft_device)
+    options = dict(draft_low_bit=args.draft_low_bit, draft_device=args.draft_device,
+                   release_draft_after=args.draft_release_after)
     if args.draft is not None and args.speculative not in ("hybrid", "suffix_hybrid"):  # draft, or --draft alone
         return resolve_speculative(args.draft, **options)
     if args.speculative in ("suffix", "suffix_hybrid"):  # no request drafts from another's unless shared

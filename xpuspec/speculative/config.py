@@ -1,6 +1,6 @@
 """SpeculativeConfig: which drafter, and how long its drafts are.
 
-``from_pretrained(..., speculative=X)`` accepts ``True`` (self-speculation), ``"self"``,
+``from_pretrained(..., speculative=X)`` accepts ``True`` (:data:`DEFAULT_MODE`), ``"self"``,
 ``"layer_skip"``, ``"prompt_lookup"``, ``"hybrid"``, ``"suffix"``, ``"suffix_hybrid"``, a draft model path or
 name, or a :class:`SpeculativeConfig`.
 """
@@ -17,11 +17,17 @@ from .schedule import DEFAULT_LOOKUP_TOKENS, DraftSchedule, check_count
 MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "suffix", "suffix_hybrid", "draft")
 #: Modes that draft without a model.
 FREE_MODES = ("prompt_lookup", "suffix")
+#: The mode of ``speculative=True``: the one measured fastest end to end against plain decoding on the CPUs
+#: measured (benchmarks/results/speculative-default.md); it never lost to plain under load, and it holds no
+#: second copy of the weights.
+DEFAULT_MODE = "prompt_lookup"
 #: Draft format of self-speculation: a low-bit copy of the target.
 DEFAULT_SELF_DRAFT_LOW_BIT = "int4_sym"
 DRAFT_DEVICE_ENV = "XPUSPEC_DRAFT_DEVICE"
 #: Default draft length k with a draft model (transformers' ``num_assistant_tokens``).
 DEFAULT_ASSISTANT_TOKENS = 4
+#: A draft model left out of this many requests in a row gives its memory back until a request drafts with it.
+DEFAULT_RELEASE_DRAFT_AFTER = 4
 #: Default shortest n-gram of prompt lookup alone (a hybrid's is its longest).
 DEFAULT_MIN_NGRAM = 2
 
@@ -81,6 +87,9 @@ class SpeculativeConfig:
             can tell one request that another's output resembled it (see ``docs/speculative.md``).
         suffix_cache_dir: a folder where the suffix cache is saved and restored across processes (``None``: kept
             in memory only).
+        release_draft_after: a draft model that the policy left out of this many requests in a row is released
+            (its compiled models and KV cache dropped) and loaded again when a request drafts with it
+            (:mod:`xpuspec.speculative.resident`); 0 keeps it loaded.
     """
 
     mode: str = "self"
@@ -100,6 +109,7 @@ class SpeculativeConfig:
     draft_context_length: Optional[int] = None
     share_across_requests: bool = True
     suffix_cache_dir: Optional[str] = None
+    release_draft_after: int = DEFAULT_RELEASE_DRAFT_AFTER
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -140,6 +150,10 @@ class SpeculativeConfig:
         given = [name for name in ("draft", "draft_low_bit", "draft_device") if getattr(self, name)]
         if self.mode in FREE_MODES and given:
             raise SpeculativeConfigError(f"{self.mode} uses no draft model: drop {'=, '.join(given)}=.")
+        after = self.release_draft_after
+        if isinstance(after, bool) or not isinstance(after, numbers.Integral) or after < 0:
+            raise SpeculativeConfigError(f"release_draft_after must be an int >= 0 (0: keep the draft loaded), got {after!r}.")
+        object.__setattr__(self, "release_draft_after", int(after))
         self._check_draft_count("draft_vocab_size", "vocabulary")
         self._check_draft_count("draft_context_length", "context")
         if self.mode in FREE_MODES and self.overlap:
@@ -198,18 +212,18 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
     if speculative is None or speculative is False:
         if overrides:
             raise SpeculativeConfigError(
-                f"{', '.join(sorted(overrides))} given without speculative=; add speculative=True.")
+                f"{', '.join(sorted(overrides))} given without speculative=; add speculative='self' (or another mode with a draft model).")
         return None
     if isinstance(speculative, SpeculativeConfig):
         return replace(speculative, **overrides)
     if speculative is True:
-        return SpeculativeConfig(mode="self", **overrides)
+        return SpeculativeConfig(mode=DEFAULT_MODE, **overrides)
     if isinstance(speculative, str) and speculative in MODES and speculative != "draft":
         return SpeculativeConfig(mode=speculative, **overrides)
     if isinstance(speculative, (str, os.PathLike)):
         _refuse_mode_typo(str(speculative))
         return SpeculativeConfig(mode="draft", draft=str(speculative), **overrides)
-    raise SpeculativeConfigError(f"speculative= takes True, 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft "
+    raise SpeculativeConfigError(f"speculative= takes True ({DEFAULT_MODE!r}), 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft "
                                  f"path or a SpeculativeConfig, not {speculative!r}.")
 
 

@@ -122,7 +122,7 @@ def _layers(model):
     if not isinstance(layers, torch.nn.ModuleList):
         raise ModelSourceError(
             f"Layer-skip drafting needs a decoder with model.layers; {type(model).__name__} has none. "
-            "Use speculative=True (a low-bit self-draft) or a draft model instead."
+            "Use speculative='self' (a low-bit self-draft), 'prompt_lookup' or a draft model instead."
         )
     return layers
 
@@ -170,7 +170,7 @@ def calibrate(model, input_ids: torch.Tensor) -> LayerSkipPlan:
     n = len(layers)
     if n < 3:
         raise ModelSourceError(f"Layer-skip drafting keeps the first and last layers, so it needs at least 3; "
-                               f"this model has {n}. Use speculative=True or a draft model instead.")
+                               f"this model has {n}. Use speculative='self', 'prompt_lookup' or a draft model instead.")
     full = model(input_ids=input_ids, use_cache=False, output_hidden_states=True)
     reference, hidden = full.logits[0].argmax(-1), full.hidden_states
 
@@ -212,7 +212,7 @@ def layer_skip_plan(source) -> LayerSkipPlan:
     if source.kind != "hf":
         raise ModelSourceError(
             f"Layer-skip drafting needs the original Hugging Face weights, but {source.name!r} is an OpenVINO IR. "
-            "Load the original model (a built-in name or HF folder), or use speculative=True."
+            "Load the original model (a built-in name or HF folder), or use speculative='self' or 'prompt_lookup'."
         )
 
     def build(tmp: Path) -> None:

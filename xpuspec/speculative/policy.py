@@ -201,6 +201,10 @@ class SpeculationPolicy:
         self.skipped = 0
         return True
 
+    def releases_model(self, after: int) -> bool:
+        """Whether the draft model has been left out of ``after`` (>= 1; 0: never) requests in a row."""
+        return self.uses_model and after > 0 and self.skipped >= after
+
     def begin(self, schedule: DraftSchedule, profile: Optional[CostProfile], with_model: bool) -> "RequestPolicy":
         """The policy of one request drafting by ``schedule``; ``profile``: the target's costs (``None``: not measured
         yet, or the cost model is off: the schedule's lengths as they are)."""
@@ -220,9 +224,13 @@ class SpeculationPolicy:
             self.draft_ratio = statistics.median(request.draft_ratios)
         if stopped and not self.logged:
             self.logged = True
-            log.info("%s stopped after %d tokens: predicted %.2fx plain decoding at best (full accept: %.2fx); "
-                     "requests skip it after %d such in a row", self.name, request.stopped.after_tokens,
-                     request.stopped.predicted, request.stopped.full_accept, FAILURES_BEFORE_SKIPPING)
+            counts = request.model_counts
+            log.info("%s stopped after %d tokens: measured acceptance %.0f%% at the first draft position over %d "
+                     "rounds, predicted %.2fx plain decoding at best (full accept: %.2fx); requests skip it after %d "
+                     "such in a row (logged once per model)", self.name, request.stopped.after_tokens,
+                     100 * counts.accepted[0] / counts.judged[0] if counts.judged else 0.0,
+                     counts.judged[0] if counts.judged else 0, request.stopped.predicted,
+                     request.stopped.full_accept, FAILURES_BEFORE_SKIPPING)
 
 
 @dataclass(frozen=True)
