@@ -209,7 +209,8 @@ def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], r
         if req.config.output_logits:
             req.logits.append(rows[j:j + 1])
         req.context.append(token)
-        req.first_token_at = req.first_token_at or time.perf_counter()
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
         if req.streamer is not None:
             req.streamer.put(torch.tensor([token]))
         if token in req.eos or req.produced >= req.limit or (req.stop is not None and req.stop.ends_with_stop(req.context)):
