@@ -73,3 +73,31 @@ def test_prose():
     assert prompts == corpus.prose_prompts(16)
     with pytest.raises(ValueError, match="between 1 and"):
         corpus.prose_prompts(0)
+
+
+def test_heldout_set_builds_from_the_pinned_lee_corpus():
+    """The held-out prose: 50 news reports from gensim's test data, the file's sha256 pinned, one summary prompt each."""
+    from xpuspec.bench import prompts as prompt_sets
+
+    corpus.heldout_reports.cache_clear()
+    reports = corpus.heldout_reports()
+    assert len(reports) == corpus.HELDOUT_COUNT == 50
+    assert reports[0].startswith("The national executive of the strife-torn Democrats last night appointed")
+    assert any("\u00a3" in r for r in reports)  # cp1252 decoded (a pound sign), not replaced
+    chosen = prompt_sets.select(prompt_sets.parse_prompt_spec("heldout:8"))
+    assert list(chosen) == ["heldout"] and len(chosen["heldout"]) == 8
+    assert chosen["heldout"][0].startswith("Summarize the following news report") and reports[0] in chosen["heldout"][0]
+    assert "heldout" not in prompt_sets.parse_prompt_spec("4")  # never in a bare count
+    assert prompt_sets.fingerprint(chosen)["sources"]["heldout"].endswith(corpus.HELDOUT_SHA256[:16])
+
+
+def test_heldout_set_refuses_a_changed_file(offline_cache):
+    (offline_cache / "corpus").mkdir()
+    with zipfile.ZipFile(offline_cache / "corpus" / "gensim-4.4.0-py3-none-any.whl", "w") as z:
+        z.writestr(corpus.HELDOUT_MEMBER, b"not the pinned data")
+    corpus.heldout_reports.cache_clear()
+    try:
+        with pytest.raises(CorpusError, match=f"expected {corpus.HELDOUT_SHA256}"):
+            corpus.heldout_reports()
+    finally:
+        corpus.heldout_reports.cache_clear()

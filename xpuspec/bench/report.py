@@ -181,7 +181,8 @@ def markdown(result: dict) -> str:
         f"{result['created']} · {result['machine']['cpu']}, {result['machine']['cores']} cores · "
         f"prompts {', '.join(f'{k} {v}' for k, v in sets.items())} · {s['max_new_tokens']} new tokens · "
         f"{s['repeats']} repeats, interleaved per {s['interleave']} · greedy · OpenVINO KV cache "
-        f"{s['kv_cache_precision'] or 'tool default'}",
+        f"{s['kv_cache_precision'] or 'tool default'}"
+        + (f" · competing load: {s['competing_load']} busy process(es)" if s.get("competing_load") else ""),
     ]
     if result.get("command"):
         lines += ["", f"`{result['command']}`"]

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import SpeculativeConfigError
 from ..runner import Runner
+from ..scoring import argmax_rows
 from .policy import Widths
 from .schedule import check_count
 
@@ -223,12 +224,12 @@ class ModelDrafter(Drafter):
                 if not bool(torch.isfinite(scored).any()):  # every token the draft scores is masked (a cut head)
                     break
                 p = torch.softmax(scored, dim=-1)[0]
-                token = int(torch.multinomial(p, 1)) if request.sample else int(p.argmax())
+                token = int(torch.multinomial(p, 1)) if request.sample else argmax_rows(p)[0]
                 if request.threshold > 0 and tokens and float(p.max()) < request.threshold:
                     break
                 probs.append(p)
             else:
-                token = int(scored.argmax())
+                token = argmax_rows(scored)[0]
             tokens.append(token)
             prefix.append(token)
             found = self.extension.lookup(prefix, k - len(tokens)) if self.extension is not None and i + 1 < k else []

@@ -164,8 +164,12 @@ def best_draft_length(rates: Sequence[float], draft_step: float, pass_s: Sequenc
     """The k in 1..len(pass_s) - 1 with the most expected tokens per second of round (ties to the shorter);
     ``pass_s[w - 1]`` is a w-token pass, ``draft_step`` the seconds of one drafted token (0: free)."""
     best, best_rate = 1, -1.0
+    total = survive = 1.0  # expected_tokens(rates, k), summed as k grows (the same sums in the same order)
     for k in range(1, len(pass_s)):
-        rate = expected_tokens(rates, k) / max(k * draft_step + pass_s[k], 1e-12)
+        if k <= len(rates):
+            survive *= rates[k - 1]
+            total += survive
+        rate = total / max(k * draft_step + pass_s[k], 1e-12)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best

@@ -11,8 +11,8 @@ are all the policy uses, hold on a busy machine. Widths between the measured one
 
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
 
 #: Widths the sweep times; the others are interpolated.
 SWEEP_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -31,6 +31,8 @@ class CostProfile:
 
     seconds: Dict[int, float]
     context: int
+    #: Answers already computed (the profile does not change): ``("pass", w)`` and ``("round", longest, pad_to)``.
+    _known: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def widest(self) -> int:
@@ -39,6 +41,19 @@ class CostProfile:
     def pass_s(self, width: int) -> float:
         """Seconds of a ``width``-token pass (>= 1): measured, interpolated between measured widths, or extended
         past the widest at the slope of the two widest."""
+        key = ("pass", width)
+        if key not in self._known:
+            self._known[key] = self._interpolated(width)
+        return self._known[key]
+
+    def round_costs(self, longest: int, pad_to: int = 0) -> Tuple[float, ...]:
+        """See :func:`round_costs` (computed once per ``(longest, pad_to)``)."""
+        key = ("round", longest, pad_to)
+        if key not in self._known:
+            self._known[key] = tuple(self.pass_s(w if w == 1 else max(w, pad_to)) for w in range(1, longest + 1))
+        return self._known[key]
+
+    def _interpolated(self, width: int) -> float:
         if width in self.seconds:
             return self.seconds[width]
         known = sorted(self.seconds)
@@ -79,7 +94,7 @@ def measure_profile(target, token: int, widest: int = SWEEP_WIDTHS[-1], clock=ti
 def round_costs(profile: CostProfile, longest: int, pad_to: int = 0) -> Sequence[float]:
     """``[C(1), ..., C(longest)]``: seconds of a round's pass of each width 1..``longest``, where a pass of 2 or
     more tokens is padded to ``pad_to`` (a backend that keeps one verify width; 0: no padding)."""
-    return [profile.pass_s(w if w == 1 else max(w, pad_to)) for w in range(1, longest + 1)]
+    return profile.round_costs(longest, pad_to)
 
 
 @dataclass

@@ -7,9 +7,11 @@ rejection draw from norm(max(0, p - q)); if all are accepted draw a bonus token 
 The output then follows the target distribution p exactly, whatever the draft q.
 """
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from ..scoring import argmax_rows
 
 
 def greedy_accept(drafts: List[int], scores: torch.Tensor) -> Tuple[int, int]:
@@ -21,9 +23,15 @@ def greedy_accept(drafts: List[int], scores: torch.Tensor) -> Tuple[int, int]:
         ``(n_accepted, next_token)``: how many drafts match the target's argmax, and the
         target's own token at the first mismatch (or after the last draft).
     """
-    best = scores.argmax(dim=-1).tolist()
+    return accept_prefix(drafts, argmax_rows(scores))
+
+
+def accept_prefix(drafts: Sequence[int], best: Sequence[int]) -> Tuple[int, int]:
+    """``(n_accepted, next_token)`` of :func:`greedy_accept` from the target's greedy tokens ``best`` (k+1 ints)."""
     n = 0
-    while n < len(drafts) and drafts[n] == best[n]:
+    for d, b in zip(drafts, best):
+        if d != b:
+            break
         n += 1
     return n, best[n]
 
