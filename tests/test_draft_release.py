@@ -29,7 +29,7 @@ def test_a_skipped_layer_skip_draft_is_released_and_comes_back(tokenizer, never_
     draft = model.draft_model.runner
     assert isinstance(draft, ReleasableRunner) and draft.resident
     assert model.draft_memory_bytes is not None and model.draft_memory_bytes > 0
-    assert any(r.getMessage().startswith("speculative mode layer_skip: ") and "MiB of extra memory" in r.getMessage()
+    assert any(r.getMessage().startswith("speculative mode layer_skip on cpu: ") and "MiB of extra memory" in r.getMessage()
                for r in caplog.records)
     caplog.clear()
     seen = []

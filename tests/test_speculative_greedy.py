@@ -69,8 +69,10 @@ def test_layer_skip_draft_is_identical(smollm2_path, tokenizer):
 
 def test_torch_fp32_target_with_openvino_int4_draft_is_identical(smollm2_path, tokenizer):
     spec = SpeculativeConfig(mode="self", **ALWAYS)
-    target = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", backend="torch", speculative=spec)
+    target = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", backend="torch", draft_backend="openvino",
+                                                  speculative=spec)
     assert (target.backend_name, target.draft_model.backend_name) == ("torch", "openvino")
+    assert target.draft_model.low_bit.format.startswith("int4")
     results = _audit_all(target, tokenizer)
     assert all(r.status in (IDENTICAL, TIE) for r in results)
 
