@@ -17,7 +17,6 @@ one (:meth:`xpuspec.runner.Runner.native_greedy`), and so does the rest of a req
 """
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -25,7 +24,7 @@ import torch
 from transformers import GenerationConfig
 
 from .generation import GenerationStats, StopStrings, eos_ids, max_new_tokens, min_new_tokens
-from .runner import Runner
+from .runner import Runner, torch_on_one_thread
 from .scoring import Scorer, scorer_for
 from .speculative.drafters import NO_DRAFT, Drafter, DraftRequest, PromptLookupDrafter
 from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome, Widths
@@ -104,7 +103,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     with torch_on_one_thread([target, *(drafter.runners() if drafter is not None else ())]):
         native = _native_greedy_applies(req) and stop is None
         if drafter is None and native and _hand_over(target, req, costs, "native"):
-            return _finish(req, start, costs)
+            return finish_request(req, start, costs)
         first_drafter = drafter
         begin_drafting(req, target.traits.single_step_width)
         try:
@@ -112,7 +111,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
             t0 = time.perf_counter()
             rows = target.forward(prompt, logits_to_keep=1)
             req.stats.prefill_s, req.stats.target_forwards = time.perf_counter() - t0, 1
-            _verify_and_emit(target, req, NO_DRAFT, rows, guessed=False)
+            verify_and_emit(target, req, NO_DRAFT, rows, guessed=False)
             if policy is not None and policy.schedule.cost_model and not target.traits.lockstep and not req.done:
                 if costs.profile is None:  # once per target; timings differ between a pipeline's ranks
                     t0 = time.perf_counter()
@@ -128,7 +127,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
             if first_drafter is not None:
                 first_drafter.end()
         end_drafting(req, first_drafter)
-        return _finish(req, start, costs)
+        return finish_request(req, start, costs)
 
 
 def new_request(prompt: List[int], config: GenerationConfig, streamer=None, drafter: Optional[Drafter] = None,
@@ -201,14 +200,13 @@ def decode_round(target: Runner, req: Request) -> Decision:
     target.rollback(padding)
     t2 = time.perf_counter()
     stats = req.stats
-    stats.target_forwards += 1
-    stats.draft_s += t1 - t0
-    stats.verify_s += t2 - t1
-    accepted = _verify_and_emit(target, req, draft, rows, guessed)
+    stats.target_forwards, stats.draft_s, stats.verify_s = (stats.target_forwards + 1, stats.draft_s + t1 - t0,
+                                                            stats.verify_s + t2 - t1)
+    accepted = verify_and_emit(target, req, draft, rows, guessed)
     return after_round(req, draft, accepted, guessed, t1 - t0, t2 - t1, len(verify) + padding)
 
 
-def _verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, guessed: bool) -> int:
+def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, guessed: bool) -> int:
     """Judge ``draft`` by the target's ``rows`` (``[len(draft.tokens) + 1, vocab]``), roll back the rejected
     drafts, emit the kept tokens and the target's own, and count them; returns the drafts accepted."""
     scored = None  # processed scores, built only where sampling or output_scores needs them
@@ -253,9 +251,7 @@ def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], r
 
 def _native_greedy_applies(req: Request) -> bool:
     """Plain greedy decoding without scores, logits or processors other than the length rules."""
-    config = req.config
-    return (not config.do_sample and not config.output_scores and not config.output_logits
-            and req.scorer.only_length_rules)
+    return not (req.config.do_sample or req.config.output_scores or req.config.output_logits) and req.scorer.only_length_rules
 
 
 def _hand_over(target: Runner, req: Request, costs: TargetCosts, engine: str) -> bool:
@@ -289,7 +285,8 @@ def _hand_over(target: Runner, req: Request, costs: TargetCosts, engine: str) ->
     return True
 
 
-def _finish(req: Request, start: float, costs: TargetCosts):
+def finish_request(req: Request, start: float, costs: TargetCosts):
+    """Fill the request's stats and hand its output to the policy's memory; returns what :func:`decode` returns."""
     end = time.perf_counter()
     stats = req.stats
     stats.new_tokens = req.produced
@@ -300,24 +297,3 @@ def _finish(req: Request, start: float, costs: TargetCosts):
         req.policy.parent.finish(req.policy)
     return req.new, req.scores, req.logits, stats
 
-
-#: The pieces of a request's life an engine of many requests drives (see :func:`new_request`).
-verify_and_emit, finish_request = _verify_and_emit, _finish
-
-
-@contextmanager
-def torch_on_one_thread(runners: Sequence[Runner]):
-    """Run torch on one intra-op thread inside the block, unless one of ``runners`` computes with torch's threads
-    (:attr:`xpuspec.runner.RunnerTraits.uses_torch_threads`); the setting before is restored afterwards.
-
-    The loop's own tensor work is small (a few rows of logits), and torch's OpenMP threads would otherwise compete
-    with the backend's for the cores. Not thread-safe against other threads changing torch's thread count."""
-    before = torch.get_num_threads()
-    if before == 1 or any(r.traits.uses_torch_threads for r in runners):
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

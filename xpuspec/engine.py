@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
 from .decode import (NO_DRAFT, Decision, Request, after_round, begin_drafting, drop_model, end_drafting,
-                     finish_request, torch_on_one_thread, verify_and_emit)
+                     finish_request, verify_and_emit)
 from .errors import BatchNotSupportedError, KVBudgetError
-from .runner import Runner
+from .runner import Runner, torch_on_one_thread
 from .speculative.batch import BATCH_SWEEP_WIDTHS, RowChoice, batch_draft_lengths, measure_batch_profile
 from .speculative.drafters import Draft, Drafter, HybridDrafter, ModelDrafter
 from .speculative.overlap import OverlappedDrafter

@@ -4,6 +4,7 @@ The decode loop talks only to this interface; it knows nothing of OpenVINO or to
 """
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -128,3 +129,21 @@ def on_whole_vocabulary(rows: torch.Tensor, token_ids: Optional[torch.Tensor], v
     full = torch.full((rows.shape[0], vocab_size), float("-inf"), dtype=rows.dtype)
     full[:, token_ids] = rows
     return full
+
+
+@contextmanager
+def torch_on_one_thread(runners: Sequence[Runner]):
+    """Run torch on one intra-op thread inside the block, unless one of ``runners`` computes with torch's threads
+    (:attr:`xpuspec.runner.RunnerTraits.uses_torch_threads`); the setting before is restored afterwards.
+
+    The loop's own tensor work is small (a few rows of logits), and torch's OpenMP threads would otherwise compete
+    with the backend's for the cores. Not thread-safe against other threads changing torch's thread count."""
+    before = torch.get_num_threads()
+    if before == 1 or any(r.traits.uses_torch_threads for r in runners):
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
