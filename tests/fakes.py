@@ -1,6 +1,7 @@
 """Runners that compute by rule, for tests of the loop's and the drafters' mechanics."""
 
-from typing import List, Optional, Sequence
+import itertools
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -43,3 +44,17 @@ class Masked(Successor):
     def forward(self, tokens, logits_to_keep=None, exact=True):
         super().forward(tokens, logits_to_keep, exact)
         return torch.full((logits_to_keep or len(tokens), self.vocab_size), float("-inf"))
+
+
+def total_variation(counts: Dict[Tuple[int, ...], int], trials: int, target: Callable, prompt: Sequence[int],
+                    vocab: int, length: int = 3) -> float:
+    """Total-variation distance between sampled ``length``-token continuations (``counts`` of ``trials``) and the
+    exact distribution of ``target`` (``target(prefix)`` gives next-token probabilities) after ``prompt``."""
+    distance = 0.0
+    for seq in itertools.product(range(vocab), repeat=length):
+        exact, prefix = 1.0, list(prompt)
+        for t in seq:
+            exact *= float(target(prefix)[t])
+            prefix.append(t)
+        distance += 0.5 * abs(counts.get(seq, 0) / trials - exact)
+    return distance
