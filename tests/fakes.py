@@ -1,4 +1,5 @@
-"""Runners that compute by rule, for tests of the loop's and the drafters' mechanics."""
+"""Runners that compute by rule, for tests of the loop's and the drafters' mechanics, and the distance a
+sampling test measures."""
 
 import itertools
 from typing import Callable, Dict, List, Optional, Sequence, Tuple

@@ -200,8 +200,9 @@ def decode_round(target: Runner, req: Request) -> Decision:
     target.rollback(padding)
     t2 = time.perf_counter()
     stats = req.stats
-    stats.target_forwards, stats.draft_s, stats.verify_s = (stats.target_forwards + 1, stats.draft_s + t1 - t0,
-                                                            stats.verify_s + t2 - t1)
+    stats.target_forwards += 1
+    stats.draft_s += t1 - t0
+    stats.verify_s += t2 - t1
     accepted = verify_and_emit(target, req, draft, rows, guessed)
     return after_round(req, draft, accepted, guessed, t1 - t0, t2 - t1, len(verify) + padding)
 
