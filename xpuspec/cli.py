@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)",
                        description="Serve a model over the OpenAI API: /v1/completions, /v1/chat/completions, "
-                                   "/v1/models, /health, /metrics. Requests run one at a time for now.")
+                                   "/v1/models, /health, /metrics. Concurrent requests are rows of one batch "
+                                   "where the model batches (continuous batching, --max-batch).")
     serve_arguments(p, ("auto",) + FORMATS, DEFAULT_GENERATE_FORMAT)
     p.set_defaults(run=serve_main)
 
