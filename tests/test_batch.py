@@ -322,3 +322,24 @@ def test_rejection_sampling_per_row_follows_the_target_at_batch_4(tiny_ov_pair, 
     monkeypatch.setattr(decode, "rejection_sample", accept_everything)
     broken = _sampled(tiny_ov_pair, prompt, 100)
     assert _tv(broken[:, 0].mean(0), p2) > 0.2
+
+
+def test_a_draft_cost_estimated_under_another_load_is_measured_again(tmp_path):
+    """The draft step a batch's goodput weighs comes from earlier requests. Where it says drafting cannot pay (here
+    forced a million times too dear, as a load that has since gone could make it), each new request still drafts
+    once with the model, measures the step itself, and the estimate kept for later requests is the measured one."""
+    from tiny import tiny_model
+
+    spec = SpeculativeConfig(mode="draft", draft=str(tiny_model(tmp_path / "draft", seed=2)), num_assistant_tokens=2,
+                             draft_vocab_size=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "target", seed=1), device="cpu",
+                                                 backend="openvino", speculative=spec)
+    ids = torch.tensor([[1, 5, 9], [2, 6, 10]])
+    model.generate(ids, max_new_tokens=8, do_sample=False)
+    policies = [p for book in model._policies._by_draft.values() for p in book.values()]
+    assert policies and all(p.draft_ratio is not None for p in policies)
+    for p in policies:  # only the estimate is stale: no request stopped the model
+        p.draft_ratio, p.failures, p.cannot_pay = 1e6, 0, 0
+    model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert model.last_generate_stats.drafted_tokens > 0
+    assert all(p.draft_ratio < 1e3 for p in policies)

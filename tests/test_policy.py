@@ -8,7 +8,7 @@ from xpuspec.speculative.policy import (DRAFT_RATIO_ROUNDS, FAILURES_BEFORE_SKIP
                                         MAX_PAUSE_TOKENS, MAX_SKIPPED, MIN_JUDGED_ROUNDS, PRIOR_ACCEPTANCE,
                                         PRIOR_TRIALS, REMEMBERED_ROUNDS, AcceptanceCounts, Decision, PolicyBook,
                                         RoundOutcome, SpeculationPolicy, Widths, best_draft_length, expected_tokens)
-from xpuspec.speculative.profile import CostProfile, measure_profile, round_costs
+from xpuspec.speculative.profile import SWEEP_ROUNDS, CostProfile, measure_profile, round_costs
 from xpuspec.speculative.schedule import DraftSchedule
 
 from fakes import Successor
@@ -100,26 +100,45 @@ def test_decisions_do_not_change_when_one_pass_is_ten_times_slower():
     assert DRAFT_RATIO_ROUNDS >= 3
 
 
+class _Clocked(Successor):
+    """A runner on its own clock: a w-token pass advances it by ``1 + w / 10`` seconds, times ``load(pass number)``."""
+
+    def __init__(self, load=lambda count: 1.0):
+        super().__init__(8)
+        self.now, self.load, self.count = 0.0, load, 0
+
+    def forward(self, tokens, logits_to_keep=None, exact=True):
+        self.count += 1
+        self.now += (1 + len(tokens) / 10) * self.load(self.count)
+        return super().forward(tokens, logits_to_keep, exact)
+
+
+def _profile(load, widest=4):
+    runner = _Clocked(load)
+    runner.forward([1, 2, 3])
+    profile = measure_profile(runner, 5, widest=widest, clock=lambda: runner.now)
+    assert runner.length == 3  # every pass rolled back
+    return profile
+
+
 def test_the_profile_is_a_median_and_ignores_one_slow_pass():
-    """measure_profile times each width 3 times after an untimed pass; one pass 10x slower (on a clock the runner
-    advances: 1 + w/10 per pass) leaves the profile as it was. The KV cache ends as it began."""
-    class Clocked(Successor):
-        def __init__(self, slow):
-            super().__init__(8)
-            self.now, self.slow, self.count = 0.0, slow, 0
+    """One pass 10x slower, wherever it falls in the sweep (timed or preparing), leaves the profile as it was."""
+    quiet = _profile(lambda count: 1.0)
+    assert quiet.seconds == {w: pytest.approx(1 + w / 10) for w in (1, 2, 3, 4)}
+    for slow in range(2, 2 + 2 * 4 * SWEEP_ROUNDS):
+        assert _profile(lambda count: 10.0 if count == slow else 1.0).seconds == pytest.approx(quiet.seconds), slow
 
-        def forward(self, tokens, logits_to_keep=None, exact=True):
-            self.count += 1
-            self.now += (1 + len(tokens) / 10) * (10 if self.count == self.slow else 1)
-            return super().forward(tokens, logits_to_keep, exact)
 
-    quiet, noisy = Clocked(None), Clocked(slow=7)
-    for runner in (quiet, noisy):
-        runner.forward([1, 2, 3])
-    a = measure_profile(quiet, 5, widest=4, clock=lambda: quiet.now)
-    b = measure_profile(noisy, 5, widest=4, clock=lambda: noisy.now)
-    assert quiet.length == noisy.length == 3 and sorted(a.seconds) == [1, 2, 3, 4]
-    assert a.seconds == b.seconds == {w: pytest.approx(1 + w / 10) for w in (1, 2, 3, 4)}
+def test_the_profile_keeps_its_ratios_when_a_competing_load_starts_during_the_sweep():
+    """Another process takes the cores from some pass on (every pass 3x slower): the ratios between widths, which
+    the policy decides by, stay those of the quiet machine, wherever the load starts. (Timing each width's rounds in
+    a row, widths swept after the load started looked 3x dearer, and the policy stopped drafting for good.)"""
+    quiet = _profile(lambda count: 1.0, widest=16)
+    passes = 2 * len(quiet.seconds) * SWEEP_ROUNDS
+    for start in range(2, 2 + passes):
+        loaded = _profile(lambda count: 3.0 if count >= start else 1.0, widest=16)
+        for w in quiet.seconds:
+            assert loaded.seconds[w] / loaded.seconds[1] == pytest.approx(quiet.seconds[w] / quiet.seconds[1]), start
 
 
 def test_prompt_lookup_that_does_not_pay_is_paused_and_probed_again():

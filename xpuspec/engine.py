@@ -27,11 +27,11 @@ from .decode import (NO_DRAFT, Decision, Request, after_round, begin_drafting, d
                      finish_request, verify_and_emit)
 from .errors import BatchNotSupportedError, KVBudgetError
 from .runner import Runner, torch_on_one_thread
-from .speculative.batch import BATCH_SWEEP_WIDTHS, RowChoice, batch_draft_lengths, measure_batch_profile
+from .speculative.batch import BATCH_SWEEP_WIDTHS, RowChoice, batch_draft_lengths
 from .speculative.drafters import Draft, Drafter, HybridDrafter, ModelDrafter
 from .speculative.overlap import OverlappedDrafter
 from .speculative.policy import Widths
-from .speculative.profile import TargetCosts
+from .speculative.profile import TargetCosts, measure_profile
 
 #: The most rows one step verifies; more jobs wait.
 DEFAULT_MAX_BATCH = 16
@@ -183,9 +183,9 @@ class Engine:
             if self.costs.profile is None or self.costs.profile.widest < BATCH_SWEEP_WIDTHS[-1]:
                 t0 = time.perf_counter()
                 try:  # once per target, on the first speculative job's sequence
-                    self.costs.profile = measure_batch_profile(job.seq, req.context[-1])
+                    self.costs.profile = measure_profile(job.seq, req.context[-1], widths=BATCH_SWEEP_WIDTHS)
                 except KVBudgetError:  # no room for the sweep's widest passes: the sweep of a single request
-                    self.costs.profile = self.costs.profile or measure_batch_profile(job.seq, req.context[-1], 16)
+                    self.costs.profile = self.costs.profile or measure_profile(job.seq, req.context[-1], 16)
                 req.stats.setup_s += time.perf_counter() - t0
             policy.profile = self.costs.profile
 
@@ -293,7 +293,11 @@ class Engine:
         if profile is not None and all(isinstance(c, RowChoice) or c is None for c in choices) and \
                 any(isinstance(c, RowChoice) for c in choices):
             rows = [c if isinstance(c, RowChoice) else RowChoice([], 0.0, 0, width, 1.0) for c in choices]
-            return batch_draft_lengths(rows, profile)
+            lengths = batch_draft_lengths(rows, profile)
+            # A draft model's cost is measured only in rounds it drafts in: a request drafts at least once with it,
+            # so that a cost estimated under another load cannot keep the model idle for good.
+            return [max(k, 1) if row.draft_step > 0 and row.cap and not job.req.policy.measured_draft_step else k
+                    for k, row, job in zip(lengths, rows, jobs)]
         return [c.cap if isinstance(c, RowChoice) else (c or 0) for c in choices]
 
     # -- leaving ------------------------------------------------------------------------------------------------

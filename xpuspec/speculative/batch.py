@@ -9,12 +9,10 @@ k_i maximize the whole step's goodput,
 
 with E_i the expected tokens of row i (:func:`~xpuspec.speculative.policy.expected_tokens` over its rates), h_i
 its drafted token's cost (0 when free) and ``C`` the target's measured per-width profile, extended to batch widths
-(:func:`measure_batch_profile`). A greedy ascent adds one draft at a time to the row that raises G most, and stops
+(:func:`~xpuspec.speculative.profile.measure_profile` over :data:`BATCH_SWEEP_WIDTHS`). A greedy ascent adds one draft at a time to the row that raises G most, and stops
 when no draft raises it: rows draft less as the batch fills. Lengths are capped by each row's own policy.
 """
 
-import statistics
-import time
 from dataclasses import dataclass
 from typing import List, Sequence
 
@@ -23,8 +21,6 @@ from .profile import CostProfile
 
 #: Widths the batch profile times: the single-request sweep's, then batch widths.
 BATCH_SWEEP_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-#: Timed rounds per width (their median counts), after one untimed pass.
-BATCH_SWEEP_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -77,22 +73,3 @@ def batch_draft_lengths(rows: Sequence[RowChoice], profile: CostProfile) -> List
         tokens[choice], widths[choice] = new_tokens, widths[choice] + d_width
         drafting += d_draft
         best = choice_rate
-
-
-def measure_batch_profile(target, token: int, widest: int = BATCH_SWEEP_WIDTHS[-1],
-                          clock=time.perf_counter) -> CostProfile:
-    """Time ``target`` (a Runner after its prefill: one sequence, whose pass of width W costs about what a batch
-    of total width W does) at each width of :data:`BATCH_SWEEP_WIDTHS` up to ``widest``; every pass is rolled
-    back."""
-    timed = {}
-    for w in [w for w in BATCH_SWEEP_WIDTHS if w <= widest] or [1]:
-        runs = []
-        for round_ in range(1 + BATCH_SWEEP_ROUNDS):
-            t0 = clock()
-            target.forward([token] * w)
-            elapsed = clock() - t0
-            target.rollback(w)
-            if round_:
-                runs.append(elapsed)
-        timed[w] = statistics.median(runs)
-    return CostProfile(timed, target.length)

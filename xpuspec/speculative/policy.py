@@ -384,6 +384,11 @@ class RequestPolicy:
             return self.model_counts.rates(longest, self.parent.model_counts)
         return self.free_counts.rates(longest)
 
+    @property
+    def measured_draft_step(self) -> bool:
+        """Whether this request timed a round its draft model drafted in (else its draft step is an estimate)."""
+        return bool(self.draft_ratios)
+
     def draft_step_s(self) -> float:
         """Seconds of one drafted token by the model (needs :attr:`profile`)."""
         return self._draft_step()

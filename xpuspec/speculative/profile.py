@@ -1,12 +1,14 @@
-"""What a target's passes cost by width: a profile measured once per compiled model, read as medians.
+"""What a target's passes cost by width: a profile measured once per compiled model, read as ratios.
 
 Speculative decoding pays when the tokens a round yields outweigh what its passes cost. A w-token verify pass
 costs neither w plain steps nor one, and the ratio differs between models and CPUs, so the policy reads it from
-a measured profile (:class:`CostProfile`) instead of assuming it. The profile is a sweep: each width in
-:data:`SWEEP_WIDTHS` is timed :data:`SWEEP_ROUNDS` times in a row, after one untimed pass (the first pass at a new
-width pays the backend's re-preparation, which a decode loop that keeps one verify width pays once); its cost is
-the median. The median leaves a single slow pass out, and the sweep is short, so the ratios between widths, which
-are all the policy uses, hold on a busy machine. Widths between the measured ones are interpolated linearly.
+a measured profile (:class:`CostProfile`) instead of assuming it. The profile is a sweep of :data:`SWEEP_ROUNDS`
+rounds; each round times every width of :data:`SWEEP_WIDTHS` once, after one untimed pass at that width (the
+first pass at a new width pays the backend's re-preparation, which a decode loop that keeps one verify width pays
+once). A width's cost is the median 1-token pass times the median, over rounds, of its ratio to the 1-token pass
+of the same round. The profile is measured once and every later decision reads it, so it must not depend on when
+another process took the cores: a load that starts or stops during the sweep changes the ratios of one round
+only, and the median leaves that round out. Widths between the measured ones are interpolated linearly.
 """
 
 import statistics
@@ -16,7 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 #: Widths the sweep times; the others are interpolated.
 SWEEP_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
-#: Timed rounds per width (their median counts).
+#: Rounds of the sweep (the median over them counts); each times every width once.
 SWEEP_ROUNDS = 3
 
 
@@ -67,8 +69,10 @@ class CostProfile:
         return max(self.seconds[below] + slope * (width - below), self.seconds[known[0]])
 
 
-def measure_profile(target, token: int, widest: int = SWEEP_WIDTHS[-1], clock=time.perf_counter) -> CostProfile:
-    """Sweep ``target`` (a Runner, after its prefill) over the widths of :data:`SWEEP_WIDTHS` up to ``widest``.
+def measure_profile(target, token: int, widest: int = SWEEP_WIDTHS[-1], widths: Sequence[int] = SWEEP_WIDTHS,
+                    clock=time.perf_counter) -> CostProfile:
+    """Sweep ``target`` (a Runner, after its prefill) over ``widths`` (1 among them) up to ``widest``, in
+    :data:`SWEEP_ROUNDS` rounds (see the module docstring).
 
     Every pass is rolled back, so the KV cache ends as it began.
 
@@ -76,19 +80,29 @@ def measure_profile(target, token: int, widest: int = SWEEP_WIDTHS[-1], clock=ti
         target: the target Runner.
         token: the token id fed ``w`` times (its logits are not used).
         widest: the widest pass to time (>= 1).
+        widths: the widths to time (the batched engine's sweep goes on to batch widths).
         clock: seconds now (a test passes its own).
     """
-    widths = [w for w in SWEEP_WIDTHS if w <= widest] or [1]
-    timed = {w: [] for w in widths}
-    for w in widths:
-        for round_ in range(1 + SWEEP_ROUNDS):
-            t0 = clock()
-            target.forward([token] * w)
-            elapsed = clock() - t0
-            target.rollback(w)
-            if round_:  # the first pass prepares the width
-                timed[w].append(elapsed)
-    return CostProfile({w: statistics.median(s) for w, s in timed.items()}, target.length)
+    chosen = sorted({1} | {w for w in widths if w <= widest})
+
+    def timed(w: int) -> float:
+        t0 = clock()
+        target.forward([token] * w)
+        elapsed = clock() - t0
+        target.rollback(w)
+        return elapsed
+
+    ones, ratios = [], {w: [] for w in chosen}
+    for _ in range(SWEEP_ROUNDS):
+        seconds = {}
+        for w in chosen:
+            timed(w)  # prepares the width
+            seconds[w] = timed(w)
+        ones.append(seconds[1])
+        for w in chosen:
+            ratios[w].append(seconds[w] / max(seconds[1], 1e-12))
+    one = statistics.median(ones)
+    return CostProfile({w: one * statistics.median(r) for w, r in ratios.items()}, target.length)
 
 
 def round_costs(profile: CostProfile, longest: int, pad_to: int = 0) -> Sequence[float]:
