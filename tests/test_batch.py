@@ -343,3 +343,18 @@ def test_a_draft_cost_estimated_under_another_load_is_measured_again(tmp_path):
     model.generate(ids, max_new_tokens=8, do_sample=False)
     assert model.last_generate_stats.drafted_tokens > 0
     assert all(p.draft_ratio < 1e3 for p in policies)
+
+
+def test_the_batch_profile_is_measured_once(tmp_path):
+    """The first speculative row's sequence has no KV blocks for the widest batch widths, so the sweep measures
+    widths 1-16 on it; later rows do not sweep again (each did, a second of setup per request in the server)."""
+    from tiny import tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "target", seed=1), device="cpu",
+                                                 backend="openvino")
+    ids = torch.tensor([[1, 5, 9, 1, 5], [2, 6, 10, 2, 6]])
+    setup = []
+    for _ in range(3):
+        model.generate(ids, max_new_tokens=8, do_sample=False, prompt_lookup_num_tokens=3)
+        setup.append(model.last_generate_stats.setup_s)
+    assert setup[0] > 0 and setup[1] == setup[2] == 0, setup

@@ -117,6 +117,7 @@ class Engine:
         self.live: List[Job] = []
         self.steps = 0
         self.widest = 0  # the most rows a step has verified
+        self.swept = False  # the batch-width sweep ran (once: a sequence without blocks for it sweeps 1-16)
 
     # -- joining ------------------------------------------------------------------------------------------------
     def tokens_needed(self, req: Request) -> int:
@@ -180,7 +181,8 @@ class Engine:
         verify_and_emit(job.seq, req, NO_DRAFT, rows, guessed=False)
         policy = req.policy
         if policy is not None and policy.schedule.cost_model and not req.done:
-            if self.costs.profile is None or self.costs.profile.widest < BATCH_SWEEP_WIDTHS[-1]:
+            if not self.swept and (self.costs.profile is None or self.costs.profile.widest < BATCH_SWEEP_WIDTHS[-1]):
+                self.swept = True
                 t0 = time.perf_counter()
                 try:  # once per target, on the first speculative job's sequence
                     self.costs.profile = measure_profile(job.seq, req.context[-1], widths=BATCH_SWEEP_WIDTHS)
