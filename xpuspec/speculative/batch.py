@@ -9,8 +9,10 @@ k_i maximize the whole step's goodput,
 
 with E_i the expected tokens of row i (:func:`~xpuspec.speculative.policy.expected_tokens` over its rates), h_i
 its drafted token's cost (0 when free) and ``C`` the target's measured per-width profile, extended to batch widths
-(:func:`~xpuspec.speculative.profile.measure_profile` over :data:`BATCH_SWEEP_WIDTHS`). A greedy ascent adds one draft at a time to the row that raises G most, and stops
-when no draft raises it: rows draft less as the batch fills. Lengths are capped by each row's own policy.
+(:func:`~xpuspec.speculative.profile.measure_profile` over :data:`BATCH_SWEEP_WIDTHS`, on one sequence, whose pass of
+width W costs about what a batch of total width W does). A greedy ascent adds one draft at a time to the row that
+raises G most, and stops when no draft raises it: rows draft less as the batch fills. Lengths are capped by each
+row's own policy.
 """
 
 from dataclasses import dataclass
