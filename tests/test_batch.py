@@ -358,3 +358,16 @@ def test_the_batch_profile_is_measured_once(tmp_path):
         model.generate(ids, max_new_tokens=8, do_sample=False, prompt_lookup_num_tokens=3)
         setup.append(model.last_generate_stats.setup_s)
     assert setup[0] > 0 and setup[1] == setup[2] == 0, setup
+
+
+def test_a_speculative_load_measures_the_batch_widths_so_the_first_batch_does_not_sweep(tmp_path):
+    """A model loaded with a speculative mode on a runner that batches sweeps the batch widths at load: the server's
+    first batch of speculative requests then spends no second on a sweep (it did, inside the first timed requests)."""
+    from tiny import tiny_model
+    from xpuspec.speculative.batch import BATCH_SWEEP_WIDTHS
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "target", seed=1), device="cpu",
+                                                 backend="openvino", speculative="prompt_lookup")
+    assert model._costs.profile.widest == BATCH_SWEEP_WIDTHS[-1]
+    model.generate(torch.tensor([[1, 5, 9, 1, 5], [2, 6, 10, 2, 6]]), max_new_tokens=8, do_sample=False)
+    assert [s.setup_s for s in model.last_generate_stats.rows] == [0, 0]

@@ -103,7 +103,8 @@ class Engine:
 
     Args:
         target: a runner with ``open_sequence`` and ``forward_batch``.
-        costs: the target's measured costs (its profile is measured here on the first speculative job).
+        costs: the target's measured costs (a speculative load measures the batch widths; otherwise the profile is
+            measured here, on the first speculative job).
         max_batch: the most rows a step verifies.
 
     Raises:

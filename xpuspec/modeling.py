@@ -15,7 +15,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import METADATA_FILE, atomic_folder, read_metadata, refuse_replacing_anything_kept
 from .devices import resolve_device
-from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
+from .errors import KVBudgetError, LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .decode import decode
 from .engine import DEFAULT_MAX_BATCH
 from .generation import (GenerationStats, batch_stats, check_max_length, pack_batch_output, pack_output, resolve_generation_config,
@@ -30,7 +30,8 @@ from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_draft
 from .speculative.policy import PolicyBook
-from .speculative.profile import TargetCosts, measure_profile
+from .speculative.batch import BATCH_SWEEP_WIDTHS
+from .speculative.profile import SWEEP_WIDTHS, TargetCosts, measure_profile
 from .speculative.resident import ReleasableRunner, rss_bytes
 from .speculative.pairing import check_draft, plan_speculation
 from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
@@ -426,7 +427,13 @@ class XpuspecModelForCausalLM:
             token = token if isinstance(token, int) else 0
             self.runner.reset()
             self.runner.forward([token] * PROFILE_CONTEXT, logits_to_keep=1)
-            self._costs.profile = measure_profile(self.runner, token)
+            widths = BATCH_SWEEP_WIDTHS if self.can_batch() else SWEEP_WIDTHS  # so a batch does not sweep again
+            try:
+                self._costs.profile = measure_profile(self.runner, token, widths[-1], widths)
+            except KVBudgetError:  # no room for the batch widths: a batch's first speculative row sweeps them
+                self.runner.reset()
+                self.runner.forward([token] * PROFILE_CONTEXT, logits_to_keep=1)
+                self._costs.profile = measure_profile(self.runner, token)
             self.runner.reset()
 
     def __call__(self, input_ids=None, attention_mask=None, labels=None, past_key_values=None,
