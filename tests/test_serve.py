@@ -279,22 +279,27 @@ def test_client_disconnect_cancels_its_request(server, tokenizer, greedy):
         assert time.monotonic() < deadline, "the request went on after its client left"
         time.sleep(0.2)
     after = server.metrics()
-    assert after[generated] - before[generated] < 200  # ended soon after the disconnect, far from 2000
+    assert after[generated] - before.get(generated, 0) < 200  # ended soon after the disconnect, far from 2000
     h = server.health()
     assert (h["running"], h["waiting"]) == (0, 0)
     assert after['xpuspec:kv_blocks_in_use{model_name="%s"}' % MODEL] == 0
     want = expected(tokenizer, greedy, tokenizer(CODE).input_ids, 12)
     text, reason, usage = complete(server.client(), CODE, 12, False, MODES["plain"])
     assert (text, reason, usage.completion_tokens) == want
-    # a client that does not stream and gives up waiting
+    # a client that does not stream and gives up waiting after a second: the server decodes until then (how many
+    # tokens depends on the CPU: about 100 a second here), and stops within seconds of its leaving, far from 2000
     before = server.metrics()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", headers=server.headers, timeout=2,
+        httpx.post(server.url + "/v1/completions", headers=server.headers, timeout=1,
                    json={"model": MODEL, "prompt": PROMPTS[3], "max_tokens": 2000, "temperature": 0})
+    left = time.monotonic()
     while server.metrics().get(aborted, 0) == before.get(aborted, 0):
-        assert time.monotonic() < deadline + 60, "the request went on after its client left"
+        assert time.monotonic() < left + 10, "the request went on after its client left"
         time.sleep(0.2)
-    assert server.metrics()[generated] - before[generated] < 200
+    after = server.metrics()
+    assert after[generated] - before.get(generated, 0) < 1000
+    time.sleep(1)
+    assert server.metrics()[generated] == after[generated]  # nothing decoded after the abort
 
 
 BAD_REQUESTS = [  # (what, path, body, status, param or None, code or None)
