@@ -386,8 +386,8 @@ def main(args: argparse.Namespace) -> int:
         bandwidth=None if args.bandwidth is None else args.bandwidth * 1e9, competing_load=args.competing_load)
     json_path, plot_path = check_output_file("--json", args.json), check_output_file("--plot", args.plot)
     result = run(settings, progress=not args.no_progress, command=" ".join(["xpuspec"] + sys.argv[1:]))
+    print(report.markdown(result))  # before the check, so that a report the schema refuses still shows its figures
     report.validate(result)
-    print(report.markdown(result))
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=1))
     if plot_path is not None:
