@@ -25,6 +25,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def cpu_computes_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin computes in bfloat16 here (AVX512-BF16 or AMX): it varies between machines."""
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 def default_sigint():
     """``preexec_fn`` for a child that must die on SIGINT: one started from a non-interactive
     shell inherits an ignored SIGINT, so restore the default."""
