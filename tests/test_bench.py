@@ -196,9 +196,26 @@ def _cli(*args, timeout=900):
 def test_bench_cli_errors_are_one_line():
     for args, phrase in [(["--systems", "hf,vllm"], "valid systems: hf, hf-assisted"),
                          (["--systems", "hf-assisted"], "need a draft model"),
-                         (["--prompts", "poetry"], "Unknown prompt set 'poetry'")]:
+                         (["--prompts", "poetry"], "Unknown prompt set 'poetry'"),
+                         (["--batch-size", "1,0"], "give positive integers separated by commas"),
+                         (["--batch-size", "4", "--systems", "genai"], "the systems are xpuspec-plain"),
+                         (["--batch-size", "4", "--plot", "x.png"], "do not apply with --batch-size")]:
         done = _cli(*args)
         assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_batch_size_runs_the_batched_bench(smollm2_path, tmp_path):
+    """``xpuspec bench --batch-size``: each named system decodes every row of each batch; figures per batch size."""
+    out = tmp_path / "batch.json"
+    done = _cli("--batch-size", "1,3", "--systems", "xpuspec-plain,xpuspec-lookup", "--max-new-tokens", "6",
+                "--repeats", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert [r["system"] for r in results] == ["xpuspec-plain", "xpuspec-lookup"]
+    for r in results:
+        assert set(r["by_batch"]) == {"1", "3"}
+        assert all(f["aggregate"] > 0 and f["ttft_ms"] > 0 for f in r["by_batch"].values())
+    assert sum(line.startswith("| xpuspec-") for line in done.stdout.splitlines()) == 4
 
 
 def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):

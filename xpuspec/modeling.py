@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import threading
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -304,7 +305,9 @@ class XpuspecModelForCausalLM:
         if plan is not None:
             sample = bool(config.do_sample)
             book = self._policies.policy(plan.kind, plan.draft_runner, sample, plan.drafter.uses_model, plan.name)
-            skipped = not book.starts_model(plan.schedule)
+            resident = plan.draft_runner
+            skipped = not book.starts_model(plan.schedule, not isinstance(resident, ReleasableRunner)
+                                            or resident.probe_affordable())
             after = self.speculative_config.release_draft_after if self.speculative_config else 0
             if skipped and book.releases_model(after) and isinstance(plan.draft_runner, ReleasableRunner):
                 freed = plan.draft_runner.release()
@@ -681,10 +684,12 @@ class AutoModelForCausalLM:
                                       load_in_low_bit=draft_low_bit_choice, ov_config=ov_config,
                                       **{_DRAFT_VOCAB_SIZE: spec.draft_vocab_size})
                     with _naming_the_draft(spec, draft_low_bit_choice, draft_device_name, draft_backend_obj.name):
+                        start = time.perf_counter()
                         draft = model.draft_model = cls.from_pretrained(draft_from, **draft_args)
+                        load_s = time.perf_counter() - start
                     check_draft(model, draft)
                 draft.runner = ReleasableRunner(draft.runner, lambda: cls.from_pretrained(draft_from, **draft_args).runner,
-                                                f"draft model {draft.name_or_path}")
+                                                f"draft model {draft.name_or_path}", load_s)
             model._prepare_speculation()
             after = rss_bytes()
             model.draft_memory_bytes = None if before is None or after is None else max(0, after - before)

@@ -1,11 +1,13 @@
 """Batched throughput: xpuspec's engine beside openvino_genai's continuous batching, on the same IR and prompts.
 
-    python -m xpuspec.bench.batch --batch-size 1,4,8 [--model smollm2-135m-instruct] [--max-new-tokens 48]
+    xpuspec bench --batch-size 1,4,8 [--model smollm2-135m-instruct] [--draft M] [--max-new-tokens 48]
+    python -m xpuspec.bench.batch --batch-size 1,4,8 ...            (the same)
 
 Systems (each in a process of its own, so that its peak RSS is its own): ``xpuspec-plain``, ``xpuspec-lookup``
-(prompt lookup, cost model on), ``xpuspec-hybrid`` (int4 self-draft and prompt lookup), ``genai-cb``
-(``openvino_genai.LLMPipeline`` with a ``SchedulerConfig``), ``genai-cb-lookup`` (``prompt_lookup=True``),
-``genai-cb-draft`` (``draft_model=`` the int4 self-draft's IR). Every call generates exactly ``--max-new-tokens``
+(prompt lookup, cost model on), ``xpuspec-draft`` (the ``--draft`` model, else the target's ``--draft-low-bit``
+self-draft), ``xpuspec-hybrid`` (that draft and prompt lookup), ``genai-cb`` (``openvino_genai.LLMPipeline`` with a
+``SchedulerConfig``), ``genai-cb-lookup`` (``prompt_lookup=True``), ``genai-cb-draft`` (``draft_model=`` the same
+draft's IR). The target IR is ``--low-bit`` (default int8_asym). Every call generates exactly ``--max-new-tokens``
 per prompt (EOS suppressed by ``min_new_tokens``). Each batch size is timed ``--repeats`` times after one warm-up;
 figures are medians: aggregate tokens/s (all rows' new tokens over the call's wall time), per-request tokens/s
 (a row's new tokens over its own time), TTFT, and the process's peak RSS.
@@ -18,9 +20,10 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import List
+from typing import List, Optional
 
-SYSTEMS = ("xpuspec-plain", "xpuspec-lookup", "xpuspec-hybrid", "genai-cb", "genai-cb-lookup", "genai-cb-draft")
+SYSTEMS = ("xpuspec-plain", "xpuspec-lookup", "xpuspec-draft", "xpuspec-hybrid", "genai-cb", "genai-cb-lookup",
+           "genai-cb-draft")
 PROMPTS = [
     "def quicksort(items):\n    \"\"\"Sort a list of numbers and return the sorted list.\"\"\"\n",
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -37,12 +40,17 @@ def _rows(batch: int) -> List[str]:
     return [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
 
 
-def _xpuspec(system: str, model_name: str, sizes: List[int], new: int, repeats: int) -> dict:
-    from xpuspec import AutoModelForCausalLM, AutoTokenizer
+def _xpuspec(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
+    from xpuspec import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
 
-    spec = "hybrid" if system == "xpuspec-hybrid" else None
-    model = AutoModelForCausalLM.from_pretrained(model_name, device="cpu", load_in_low_bit="int8_asym", speculative=spec)
-    tok = AutoTokenizer.from_pretrained(model_name)
+    new, repeats = args.max_new_tokens, args.repeats
+    spec = None
+    if system in ("xpuspec-draft", "xpuspec-hybrid"):
+        mode = "hybrid" if system == "xpuspec-hybrid" else "draft" if args.draft else "self"
+        spec = SpeculativeConfig(mode=mode, draft=args.draft, draft_low_bit=args.draft_low_bit)
+    model = AutoModelForCausalLM.from_pretrained(args.model, device="cpu", load_in_low_bit=args.low_bit,
+                                                 speculative=spec)
+    tok = AutoTokenizer.from_pretrained(args.model)
     tok.pad_token, tok.padding_side = tok.pad_token or tok.eos_token, "left"
     kwargs = dict(prompt_lookup_num_tokens=3) if system == "xpuspec-lookup" else {}
     out = {}
@@ -65,16 +73,18 @@ def _xpuspec(system: str, model_name: str, sizes: List[int], new: int, repeats: 
     return out
 
 
-def _genai(system: str, model_name: str, sizes: List[int], new: int, repeats: int) -> dict:
+def _genai(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
     import openvino_genai as og
 
     from xpuspec import AutoModelForCausalLM
 
-    target = AutoModelForCausalLM.from_pretrained(model_name, device="cpu", load_in_low_bit="int8_asym")
+    new, repeats = args.max_new_tokens, args.repeats
+    target = AutoModelForCausalLM.from_pretrained(args.model, device="cpu", load_in_low_bit=args.low_bit)
     folder = str(target.runner.folder)  # the IR xpuspec runs
     extra = {}
-    if system == "genai-cb-draft":
-        draft = AutoModelForCausalLM.from_pretrained(model_name, device="cpu", load_in_low_bit="int4_sym")
+    if system == "genai-cb-draft":  # the IR xpuspec-draft drafts with
+        draft = AutoModelForCausalLM.from_pretrained(args.draft or args.model, device="cpu",
+                                                     load_in_low_bit=args.draft_low_bit)
         extra["draft_model"] = og.draft_model(str(draft.runner.folder), "CPU")
         del draft
     if system == "genai-cb-lookup":
@@ -110,36 +120,81 @@ def _median(runs: List[dict]) -> dict:
 
 
 def _child(args) -> None:
-    sizes = [int(b) for b in args.batch_size.split(",")]
+    sizes = parse_sizes(args.batch_size)
     run = _xpuspec if args.system.startswith("xpuspec") else _genai
-    figures = run(args.system, args.model, sizes, args.max_new_tokens, args.repeats)
+    figures = run(args.system, args, sizes)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"system": args.system, "peak_rss_mib": rss, "by_batch": figures}))
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m xpuspec.bench.batch", description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The batched bench's options (``python -m xpuspec.bench.batch``; ``xpuspec bench --batch-size`` shares them)."""
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--draft", default=None, help="draft model (default: the target's --draft-low-bit self-draft)")
+    parser.add_argument("--low-bit", default="int8_asym", help="target IR weight format (default int8_asym)")
+    parser.add_argument("--draft-low-bit", default="int4_sym", help="draft IR weight format (default int4_sym)")
     parser.add_argument("--batch-size", default="1,4,8", help="comma-separated batch sizes (default 1,4,8)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--system", help=argparse.SUPPRESS)  # one system, in a child process
+    parser.add_argument("--systems", default=None, help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all)")
     parser.add_argument("--json", default=None, help="write the figures here too")
-    args = parser.parse_args(argv)
-    if args.system:
-        _child(args)
-        return 0
+
+
+def parse_sizes(text: str) -> List[int]:
+    """``"1,4,8"`` -> ``[1, 4, 8]``.
+
+    Raises:
+        ValueError: a size is not a positive integer.
+    """
+    try:
+        sizes = [int(b) for b in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--batch-size {text!r}: give positive integers separated by commas, e.g. 1,4,8.")
+    return sizes
+
+
+def parse_batch_systems(text: Optional[str]) -> List[str]:
+    """The systems to run: ``text`` split at commas, or all of them.
+
+    Raises:
+        ValueError: a name is not a batched system.
+    """
+    names = list(SYSTEMS) if text is None else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown or not names:
+        raise ValueError(f"--systems {text!r}: with --batch-size the systems are {', '.join(SYSTEMS)}.")
+    return names
+
+
+def sweep(args: argparse.Namespace) -> List[dict]:
+    """Run each system in a child process over the batch sizes; one figures dict per system that ran (a system
+    that fails is reported on stderr and left out)."""
+    parse_sizes(args.batch_size)
     results = []
-    for system in args.systems.split(","):
+    for system in parse_batch_systems(args.systems):
         cmd = [sys.executable, "-m", "xpuspec.bench.batch", "--system", system, "--model", args.model,
+               "--low-bit", args.low_bit, "--draft-low-bit", args.draft_low_bit,
                "--batch-size", args.batch_size, "--max-new-tokens", str(args.max_new_tokens),
-               "--repeats", str(args.repeats)]
+               "--repeats", str(args.repeats)] + (["--draft", args.draft] if args.draft else [])
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             print(f"{system}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
             continue
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xpuspec.bench.batch", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    parser.add_argument("--system", help=argparse.SUPPRESS)  # one system, in a child process
+    args = parser.parse_args(argv)
+    if args.system:
+        _child(args)
+        return 0
+    results = sweep(args)
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:

@@ -348,6 +348,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--competing-load", type=int, default=0, metavar="N",
                    help="run N busy-loop processes, one per core, beside the measured systems (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--batch-size", default=None, metavar="B,B,...",
+                   help="run the batched bench instead: xpuspec's engine beside openvino_genai's continuous batching "
+                        "at these batch sizes, e.g. 1,4,8 (--systems then names batched systems)")
 
 
 def check_output_file(option: str, path: Optional[str]) -> Optional[Path]:
@@ -368,6 +371,22 @@ def check_output_file(option: str, path: Optional[str]) -> Optional[Path]:
     return path
 
 
+def _batched(args: argparse.Namespace) -> int:
+    """``xpuspec bench --batch-size``: the batched bench (:mod:`xpuspec.bench.batch`) on the shared options."""
+    from . import batch
+
+    if args.plot or args.competing_load:
+        raise ValueError("--plot and --competing-load do not apply with --batch-size; leave them out.")
+    batch.parse_sizes(args.batch_size)
+    batch.parse_batch_systems(args.systems)
+    json_path = check_output_file("--json", args.json)
+    results = batch.sweep(args)
+    print(batch.table(results))
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=2))
+    return 0 if results else 1
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``xpuspec bench`` from parsed arguments: print the table, write JSON and plot if asked."""
     from . import report
@@ -376,6 +395,8 @@ def main(args: argparse.Namespace) -> int:
         a, b = (report.load(path) for path in args.compare)
         print(report.compare(a, b))
         return 0
+    if args.batch_size is not None:
+        return _batched(args)
     settings = BenchSettings(
         model=args.model, draft=args.draft, low_bit=args.low_bit.lower(), draft_low_bit=args.draft_low_bit.lower(),
         systems=parse_systems(args.systems, args.draft is not None), baseline=args.baseline, prompts=args.prompts,

@@ -193,13 +193,14 @@ class SpeculationPolicy:
         self.skipped = 0  # requests not started since the last probe
         self.logged = False
 
-    def starts_model(self, schedule: DraftSchedule) -> bool:
-        """Whether a request drafts with the model (a probe) or leaves it out (counted as skipped)."""
+    def starts_model(self, schedule: DraftSchedule, may_probe: bool = True) -> bool:
+        """Whether a request drafts with the model (a probe) or leaves it out (counted as skipped).
+        ``may_probe=False`` (a released model not yet worth loading again) turns a probe into a skip."""
         if not self.uses_model or not schedule.cost_model or self.failures < FAILURES_BEFORE_SKIPPING:
             return True
         limit = MAX_SKIPPED if self.cannot_pay >= FAILURES_BEFORE_SKIPPING else 2 ** (
             self.failures - FAILURES_BEFORE_SKIPPING)
-        if self.skipped < min(limit, MAX_SKIPPED):
+        if self.skipped < min(limit, MAX_SKIPPED) or not may_probe:
             self.skipped += 1
             return False
         self.skipped = 0

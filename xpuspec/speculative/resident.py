@@ -6,6 +6,10 @@ that computes (``forward``, ``expect_mixed_widths``, ...) loads it again with th
 compressed IR from the cache and compiles it (seconds, no compression). The wrapper's own identity, and what does
 not change between loads (device, vocabulary, weight bytes, traits), stay, so the policy's cross-request memory,
 keyed by this runner (:class:`xpuspec.speculative.policy.PolicyBook`), survives a release.
+
+A released draft is loaded again for a probe only once the wall time since its release is at least
+``1 / RELOAD_TIME_SHARE`` times what a load takes (:meth:`ReleasableRunner.probe_affordable`): reloads then cost at
+most that share of the time, however often the policy would probe (in a batch, every row is a request).
 """
 
 import gc
@@ -23,22 +27,29 @@ log = logging.getLogger("xpuspec")
 _KEPT = ("device", "vocab_size", "weight_bytes", "num_layers", "max_length", "max_prompt_len", "traits", "head_tokens")
 #: ... and those a backend's runner may have (the IR folder, the KV cache's block size), kept where it has them.
 _KEPT_IF_THERE = ("folder", "block_size")
+#: The most of the wall time that reloading a released draft may take.
+RELOAD_TIME_SHARE = 0.05
 
 
 class ReleasableRunner(Runner):
     """``runner``, loaded again by ``load()`` (a fresh runner of the same model) after :meth:`release`.
 
+    Args:
+        load_s: seconds the first load took, the reload's cost until a reload is timed.
+
     Attributes:
         releases, reloads: how often the wrapped runner was released and loaded again.
     """
 
-    def __init__(self, runner: Runner, load: Callable[[], Runner], name: str = "draft model"):
+    def __init__(self, runner: Runner, load: Callable[[], Runner], name: str = "draft model", load_s: float = 0.0):
         self._inner: Optional[Runner] = runner
         self._load, self._name = load, name
         for key in _KEPT + tuple(k for k in _KEPT_IF_THERE if hasattr(runner, k)):
             setattr(self, key, getattr(runner, key))
         self.releases = self.reloads = 0
         self._load_s = 0.0  # seconds of the last reload not yet reported by expect_mixed_widths
+        self._load_cost_s = load_s  # what a load takes (the last one timed)
+        self._released_at = 0.0  # time.monotonic() of the last release
 
     @property
     def resident(self) -> bool:
@@ -53,7 +64,15 @@ class ReleasableRunner(Runner):
         gc.collect()
         _trim_heap()
         self.releases += 1
+        self._released_at = time.monotonic()
         return self.weight_bytes
+
+    def probe_affordable(self) -> bool:
+        """Whether a request may draft with the model now: it is loaded, or it was released long enough ago that
+        loading it again takes at most :data:`RELOAD_TIME_SHARE` of the time since."""
+        if self._inner is not None:
+            return True
+        return (time.monotonic() - self._released_at) * RELOAD_TIME_SHARE >= self._load_cost_s
 
     @property
     def runner(self) -> Runner:
@@ -61,7 +80,7 @@ class ReleasableRunner(Runner):
         if self._inner is None:
             start = time.perf_counter()
             self._inner = self._load()
-            self._load_s = time.perf_counter() - start
+            self._load_s = self._load_cost_s = time.perf_counter() - start
             self.reloads += 1
             log.info("%s loaded again (%.1f s): the speculation policy drafts with it again", self._name, self._load_s)
         return self._inner
