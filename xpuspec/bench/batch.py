@@ -8,8 +8,8 @@ Systems (each in a process of its own, so that its peak RSS is its own): ``xpusp
 self-draft), ``xpuspec-hybrid`` (that draft and prompt lookup), ``genai-cb`` (``openvino_genai.LLMPipeline`` with a
 ``SchedulerConfig``), ``genai-cb-lookup`` (``prompt_lookup=True``), ``genai-cb-draft`` (``draft_model=`` the same
 draft's IR). The target IR is ``--low-bit`` (default int8_asym). Every call generates exactly ``--max-new-tokens``
-per prompt (EOS suppressed by ``min_new_tokens``). Each batch size is timed ``--repeats`` times after one warm-up;
-figures are medians: aggregate tokens/s (all rows' new tokens over the call's wall time), per-request tokens/s
+per prompt (EOS suppressed by ``min_new_tokens``). Each batch size is timed ``--repeats`` times after one warm-up,
+and the sequence of systems runs ``--rounds`` times in turn; figures are medians: aggregate tokens/s (all rows' new tokens over the call's wall time), per-request tokens/s
 (a row's new tokens over its own time), TTFT, and the process's peak RSS.
 """
 
@@ -136,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", default="1,4,8", help="comma-separated batch sizes (default 1,4,8)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="run the systems in turn this many times (default 1)")
     parser.add_argument("--systems", default=None, help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all)")
     parser.add_argument("--json", default=None, help="write the figures here too")
 
@@ -169,20 +170,31 @@ def parse_batch_systems(text: Optional[str]) -> List[str]:
 
 
 def sweep(args: argparse.Namespace) -> List[dict]:
-    """Run each system in a child process over the batch sizes; one figures dict per system that ran (a system
-    that fails is reported on stderr and left out)."""
+    """Run each system in a child process over the batch sizes, ``args.rounds`` times in turn (A B C, A B C ...,
+    so that drift in the machine's load hits every system alike); one figures dict per system that ran, each
+    figure the median over rounds, with every round's figures under ``"rounds"`` (a system that fails is reported
+    on stderr and left out)."""
     parse_sizes(args.batch_size)
+    systems = parse_batch_systems(args.systems)
+    rounds = {system: [] for system in systems}
+    for _ in range(max(1, args.rounds)):
+        for system in [s for s in systems if rounds[s] is not None]:
+            cmd = [sys.executable, "-m", "xpuspec.bench.batch", "--system", system, "--model", args.model,
+                   "--low-bit", args.low_bit, "--draft-low-bit", args.draft_low_bit,
+                   "--batch-size", args.batch_size, "--max-new-tokens", str(args.max_new_tokens),
+                   "--repeats", str(args.repeats)] + (["--draft", args.draft] if args.draft else [])
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                print(f"{system}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+                rounds[system] = None
+                continue
+            rounds[system].append(json.loads(done.stdout.strip().splitlines()[-1]))
     results = []
-    for system in parse_batch_systems(args.systems):
-        cmd = [sys.executable, "-m", "xpuspec.bench.batch", "--system", system, "--model", args.model,
-               "--low-bit", args.low_bit, "--draft-low-bit", args.draft_low_bit,
-               "--batch-size", args.batch_size, "--max-new-tokens", str(args.max_new_tokens),
-               "--repeats", str(args.repeats)] + (["--draft", args.draft] if args.draft else [])
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            print(f"{system}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
-            continue
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for system, runs in rounds.items():
+        if runs:
+            by_batch = {b: _median([r["by_batch"][b] for r in runs]) for b in runs[0]["by_batch"]}
+            results.append({"system": system, "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+                            "by_batch": by_batch, "rounds": [r["by_batch"] for r in runs]})
     return results
 
 

@@ -351,6 +351,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", default=None, metavar="B,B,...",
                    help="run the batched bench instead: xpuspec's engine beside openvino_genai's continuous batching "
                         "at these batch sizes, e.g. 1,4,8 (--systems then names batched systems)")
+    p.add_argument("--rounds", type=int, default=1, help="with --batch-size: run the systems in turn this many times")
 
 
 def check_output_file(option: str, path: Optional[str]) -> Optional[Path]:
