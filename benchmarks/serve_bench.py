@@ -1,9 +1,14 @@
 """Load test of OpenAI-compatible servers: ``xpuspec serve`` plain and speculative (and ``llama_cpp.server`` on the
 same GGUF where llama-cpp-python is installed), at several concurrencies, with the real ``openai`` client.
 
+``llama_cpp.server`` runs plain (``llama-cpp``) and with its prompt-lookup draft at its default length
+(``llama-cpp-lookup``), with as many threads as cores; it serves one request at a time, and queues the others
+(``--interrupt_requests False``; its default cuts a running stream short when another request arrives). It sends no ``usage`` when
+streaming, so its completion tokens are counted as its text chunks (a token each).
+
     python benchmarks/serve_bench.py [--model smollm2-135m-instruct] [--low-bit int8_asym]
         [--speculative prompt_lookup] [--concurrency 1,4,16] [--requests 16] [--max-tokens 32]
-        [--systems xpuspec-plain,xpuspec-spec,llama-cpp] [--json FILE]
+        [--systems xpuspec-plain,xpuspec-spec,llama-cpp,llama-cpp-lookup] [--json FILE]
 
 Each system is started as a child process on a free loopback port and warmed up by one request; then, at each
 concurrency, each system in turn (all stay loaded, so drift in the machine's load hits them alike) is driven by that
@@ -21,6 +26,7 @@ order for every system) until ``--requests`` requests have finished. Per concurr
 import argparse
 import importlib.util
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -36,6 +42,8 @@ import httpx
 from openai import OpenAI
 
 START_TIMEOUT_S = 900
+#: The llama_cpp.server systems: plain, and with its prompt-lookup draft.
+LLAMACPP = ("llama-cpp", "llama-cpp-lookup")
 
 
 def free_port() -> int:
@@ -86,10 +94,14 @@ class Child:
 
 def start(system: str, args, log) -> Child:
     port = free_port()
-    if system == "llama-cpp":
+    if system in LLAMACPP:
         gguf = args.gguf or str(Path.home() / ".cache" / "xpuspec" / "gguf" / f"{args.model}.gguf")
+        threads = str(os.cpu_count() or 1)  # llama-cpp-python's default is half the cores
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", args.model,
-               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"]
+               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096", "--n_threads", threads,
+               "--n_threads_batch", threads, "--interrupt_requests", "False"]
+        if system == "llama-cpp-lookup":  # its prompt lookup, at its own default length
+            cmd += ["--draft_model", "prompt-lookup-decoding"]
         return Child(cmd, port, "/v1/models", log)
     cmd = [sys.executable, "-m", "xpuspec", "--log-level", "WARNING", "serve", args.model, "--port", str(port),
            "--low-bit", args.low_bit, "--max-queue", str(max(args.concurrency) + 4)]
@@ -101,7 +113,7 @@ def start(system: str, args, log) -> Child:
 def one_request(client: OpenAI, model: str, prompt: str, max_tokens: int) -> Sample:
     sent = time.perf_counter()
     first = last = None
-    usage = None
+    usage, chunks = None, 0
     for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
                                            stream=True, stream_options={"include_usage": True}):
         if chunk.usage is not None:
@@ -109,7 +121,9 @@ def one_request(client: OpenAI, model: str, prompt: str, max_tokens: int) -> Sam
         if any(c.text for c in chunk.choices):
             last = time.perf_counter()
             first = first or last
-    tokens = usage.completion_tokens if usage is not None else 0
+            chunks += 1
+    # llama_cpp.server sends no usage when streaming; it streams a token per chunk
+    tokens = usage.completion_tokens if usage is not None else chunks
     spec = (usage.model_extra or {}).get("speculative_decoding") if usage is not None else None
     spec = spec or {}
     first = first or time.perf_counter()
@@ -172,7 +186,7 @@ def main() -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--low-bit", default="int8_asym")
     p.add_argument("--speculative", default="prompt_lookup", help="xpuspec-spec's --speculative (default prompt_lookup)")
-    p.add_argument("--systems", default="xpuspec-plain,xpuspec-spec,llama-cpp")
+    p.add_argument("--systems", default="xpuspec-plain,xpuspec-spec,llama-cpp,llama-cpp-lookup")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
     p.add_argument("--max-tokens", type=int, default=32)
@@ -191,7 +205,7 @@ def main() -> int:
     results, unavailable, children = {}, {}, {}
     try:
         for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
-            if system == "llama-cpp" and importlib.util.find_spec("llama_cpp") is None:
+            if system in LLAMACPP and importlib.util.find_spec("llama_cpp") is None:
                 unavailable[system] = "llama-cpp-python is not installed"
                 continue
             children[system] = child = start(system, args, log)
