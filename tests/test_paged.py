@@ -168,3 +168,9 @@ def test_only_alternating_loops_get_a_step_copy(tokenizer):
     assert (drafted.runner.compiled_copies, drafted.draft_model.runner.compiled_copies) == (1, 2)
     assert torch.equal(plain.generate(ids, max_new_tokens=24, do_sample=False, prompt_lookup_num_tokens=3), expected)
     assert plain.runner.compiled_copies == 2  # generate's own prompt lookup
+    del drafted
+    hybrid = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
+                                                  speculative="hybrid")
+    # both at load: the target steps alone whenever the policy leaves the draft model out and lookup drafts
+    assert (hybrid.runner.compiled_copies, hybrid.draft_model.runner.compiled_copies) == (2, 2)
+    assert torch.equal(hybrid.generate(ids, max_new_tokens=24, do_sample=False), expected)

@@ -420,11 +420,14 @@ class XpuspecModelForCausalLM:
 
     def _prepare_speculation(self) -> None:
         """At load, what the first speculative request would otherwise spend its setup on: the second compiled copy
-        for 1-token steps of the runners whose passes alternate widths, and the target's cost profile (a sweep of
-        pass widths after a short prefill; its timings, not its tokens, matter)."""
+        for 1-token steps of the runners whose passes alternate widths (a hybrid's target too, for the requests
+        that draft by its prompt lookup alone), and the target's cost profile (a sweep of pass widths after a short
+        prefill; its timings, not its tokens, matter)."""
         plan = plan_speculation(self, self.speculative_config, True)
-        for runner in plan.drafter.runners() or [self.runner]:
-            runner.expect_mixed_widths()
+        fallback = plan.without_model()
+        for chosen in [plan] + ([fallback] if fallback is not None and fallback is not plan else []):
+            for runner in chosen.drafter.runners() or [self.runner]:
+                runner.expect_mixed_widths()
         if plan.schedule.cost_model and not self.runner.traits.lockstep:
             token = self.generation_config.bos_token_id or 0
             token = token if isinstance(token, int) else 0
