@@ -424,8 +424,7 @@ class XpuspecModelForCausalLM:
         that draft by its prompt lookup alone), and the target's cost profile (a sweep of pass widths after a short
         prefill; its timings, not its tokens, matter)."""
         plan = plan_speculation(self, self.speculative_config, True)
-        fallback = plan.without_model()
-        for chosen in [plan] + ([fallback] if fallback is not None and fallback is not plan else []):
+        for chosen in filter(None, (plan, plan.without_model())):  # expect_mixed_widths prepares a runner once
             for runner in chosen.drafter.runners() or [self.runner]:
                 runner.expect_mixed_widths()
         if plan.schedule.cost_model and not self.runner.traits.lockstep:

@@ -9,8 +9,9 @@ self-draft), ``xpuspec-hybrid`` (that draft and prompt lookup), ``genai-cb`` (``
 ``SchedulerConfig``), ``genai-cb-lookup`` (``prompt_lookup=True``), ``genai-cb-draft`` (``draft_model=`` the same
 draft's IR). The target IR is ``--low-bit`` (default int8_asym). Every call generates exactly ``--max-new-tokens``
 per prompt (EOS suppressed by ``min_new_tokens``). Each batch size is timed ``--repeats`` times after one warm-up,
-and the sequence of systems runs ``--rounds`` times in turn; figures are medians: aggregate tokens/s (all rows' new tokens over the call's wall time), per-request tokens/s
-(a row's new tokens over its own time), TTFT, and the process's peak RSS.
+and the sequence of systems runs ``--rounds`` times in turn; figures are medians: aggregate tokens/s (all rows' new
+tokens over the call's wall time), per-request tokens/s (a row's new tokens over its own time), TTFT, and the
+process's peak RSS.
 """
 
 import argparse
