@@ -174,11 +174,17 @@ def sweep(args: argparse.Namespace) -> List[dict]:
     """Run each system in a child process over the batch sizes, ``args.rounds`` times in turn (A B C, A B C ...,
     so that drift in the machine's load hits every system alike); one figures dict per system that ran, each
     figure the median over rounds, with every round's figures under ``"rounds"`` (a system that fails is reported
-    on stderr and left out)."""
+    on stderr and left out).
+
+    Raises:
+        ValueError: bad batch sizes, systems or rounds.
+    """
     parse_sizes(args.batch_size)
     systems = parse_batch_systems(args.systems)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds {args.rounds}: give 1 or more.")
     rounds = {system: [] for system in systems}
-    for _ in range(max(1, args.rounds)):
+    for _ in range(args.rounds):
         for system in [s for s in systems if rounds[s] is not None]:
             cmd = [sys.executable, "-m", "xpuspec.bench.batch", "--system", system, "--model", args.model,
                    "--low-bit", args.low_bit, "--draft-low-bit", args.draft_low_bit,
