@@ -14,7 +14,7 @@ import time
 
 from xpuspec import AutoModelForCausalLM, AutoTokenizer
 from xpuspec.bench import prompts
-from xpuspec.bench.batch import PROMPTS, _rows
+from xpuspec.bench.batch import PROMPTS, batch_rows
 
 
 def width_probe(model, tok, steps: int = 24) -> None:
@@ -45,7 +45,7 @@ def kv_precision(name: str, low_bit: str, tok) -> None:
     models = {kv: AutoModelForCausalLM.from_pretrained(name, device="cpu", load_in_low_bit=low_bit,
                                                        ov_config={"KV_CACHE_PRECISION": kv}) for kv in ("f32", "u8")}
     for batch in (4, 8):
-        inputs = tok(_rows(batch), padding=True, return_tensors="pt")
+        inputs = tok(batch_rows(batch), padding=True, return_tensors="pt")
         speeds = {kv: [] for kv in models}
         for m in models.values():  # warm-up
             m.generate(**inputs, max_new_tokens=48, min_new_tokens=48, do_sample=False)

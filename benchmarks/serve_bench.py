@@ -3,8 +3,8 @@ same GGUF where llama-cpp-python is installed), at several concurrencies, with t
 
 ``llama_cpp.server`` runs plain (``llama-cpp``) and with its prompt-lookup draft at its default length
 (``llama-cpp-lookup``), with as many threads as cores; it serves one request at a time, and queues the others
-(``--interrupt_requests False``; its default cuts a running stream short when another request arrives). It sends no ``usage`` when
-streaming, so its completion tokens are counted as its text chunks (a token each).
+(``--interrupt_requests False``; its default cuts a running stream short when another request arrives). It sends no
+``usage`` when streaming, so its completion tokens are counted as its text chunks (a token each).
 
     python benchmarks/serve_bench.py [--model smollm2-135m-instruct] [--low-bit int8_asym]
         [--speculative prompt_lookup] [--concurrency 1,4,16] [--requests 16] [--max-tokens 32]

@@ -305,12 +305,11 @@ class XpuspecModelForCausalLM:
         if plan is not None:
             sample = bool(config.do_sample)
             book = self._policies.policy(plan.kind, plan.draft_runner, sample, plan.drafter.uses_model, plan.name)
-            resident = plan.draft_runner
-            skipped = not book.starts_model(plan.schedule, not isinstance(resident, ReleasableRunner)
-                                            or resident.probe_affordable())
+            releasable = plan.draft_runner if isinstance(plan.draft_runner, ReleasableRunner) else None
+            skipped = not book.starts_model(plan.schedule, releasable is None or releasable.probe_affordable())
             after = self.speculative_config.release_draft_after if self.speculative_config else 0
-            if skipped and book.releases_model(after) and isinstance(plan.draft_runner, ReleasableRunner):
-                freed = plan.draft_runner.release()
+            if skipped and book.releases_model(after) and releasable is not None:
+                freed = releasable.release()
                 if freed:
                     log.info("%s released (%.1f MiB of weights): left out of %d requests in a row; loaded again when a "
                              "request drafts with it", plan.name, freed / 2**20, book.skipped)

@@ -37,7 +37,8 @@ PROMPTS = [
 ]
 
 
-def _rows(batch: int) -> List[str]:
+def batch_rows(batch: int) -> List[str]:
+    """The bench's prompts, repeated in order to ``batch`` rows."""
     return [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
 
 
@@ -56,7 +57,7 @@ def _xpuspec(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
     kwargs = dict(prompt_lookup_num_tokens=3) if system == "xpuspec-lookup" else {}
     out = {}
     for b in sizes:
-        batch = tok(_rows(b), padding=True, return_tensors="pt")
+        batch = tok(batch_rows(b), padding=True, return_tensors="pt")
         runs = []
         for r in range(1 + repeats):
             t0 = time.perf_counter()
@@ -106,7 +107,7 @@ def _genai(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
         runs = []
         for r in range(1 + repeats):
             t0 = time.perf_counter()
-            res = pipe.generate(_rows(b), config)
+            res = pipe.generate(batch_rows(b), config)
             wall = time.perf_counter() - t0
             if r:
                 metrics = res.perf_metrics

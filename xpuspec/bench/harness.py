@@ -378,10 +378,8 @@ def _batched(args: argparse.Namespace) -> int:
 
     if args.plot or args.competing_load:
         raise ValueError("--plot and --competing-load do not apply with --batch-size; leave them out.")
-    batch.parse_sizes(args.batch_size)
-    batch.parse_batch_systems(args.systems)
     json_path = check_output_file("--json", args.json)
-    results = batch.sweep(args)
+    results = batch.sweep(args)  # checks the batch sizes, systems and rounds before it runs anything
     print(batch.table(results))
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=2))
