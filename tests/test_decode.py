@@ -126,6 +126,25 @@ def test_stop_strings_cut_where_plain_decoding_stops(tiny_pair):
         target.generate(ids, max_new_tokens=4, stop_strings=["x"])
 
 
+@pytest.mark.parametrize("prompt, stop", [("1\n2\n3\n4", "\n"), (
+    "def add(a, b):\n    result = a + b\n    return result\n\n\ndef sub(a, b):\n    result = a - b\n", "sult = a")])
+def test_a_stop_string_the_prompt_already_holds_still_stops(ov_int8, tokenizer, prompt, stop):
+    """A stop string that also occurs in the prompt's last tokens stops where transformers' StopStringCriteria first
+    fires on the same tokens (it used to be ignored while the earlier occurrence stayed in the window)."""
+    from transformers.generation import StopStringCriteria
+
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    free = ov_int8.generate(ids, max_new_tokens=16, do_sample=False, speculative=False)[0].tolist()
+    criteria = StopStringCriteria(tokenizer, [stop])
+    ends = [n for n in range(ids.shape[1] + 1, len(free) + 1)
+            if bool(criteria(torch.tensor([free[:n]]), None)[0])]
+    assert ends, "the stop string should occur in the free output"
+    for kwargs in (dict(speculative=False), dict(prompt_lookup_num_tokens=4)):
+        out = ov_int8.generate(ids, max_new_tokens=16, do_sample=False, stop_strings=stop, tokenizer=tokenizer,
+                               **kwargs)
+        assert out[0].tolist() == free[:ends[0]], kwargs
+
+
 def test_the_profile_is_measured_once_per_target_up_to_the_widest_pass_needed(tmp_path):
     """A model loaded with speculation measures its profile at load; one loaded without measures it in its first
     speculative request, after its first token (counted as setup); the next request reuses it; the output stays the

@@ -7,6 +7,7 @@ rules as ``transformers.generate``.
 
 import copy
 import numbers
+import os
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence
 
@@ -252,13 +253,14 @@ class StopStrings:
         self.window = 2 * max(len(s) for s in self.strings) + 2  # tokens: enough text to hold any stop string
 
     def ends_with_stop(self, tokens: Sequence[int]) -> bool:
-        """Whether the last token of ``tokens`` (the sequence so far, prompt included) completes a stop string."""
+        """Whether the last token of ``tokens`` (the sequence so far, prompt included) completes a stop string: an
+        occurrence that ends in the last token's text, whatever occurrences the text before it holds."""
         tail = list(tokens[-self.window:])
         text = self.tokenizer.decode(tail)
         if not any(s in text for s in self.strings):
             return False
-        before = self.tokenizer.decode(tail[:-1])
-        return any(s in text and s not in before for s in self.strings)
+        kept = len(os.path.commonprefix([self.tokenizer.decode(tail[:-1]), text]))  # text the last token left alone
+        return any(text.find(s, max(0, kept - len(s) + 1)) >= 0 for s in self.strings)
 
 
 def stop_strings(config: GenerationConfig, tokenizer) -> Optional[StopStrings]:
