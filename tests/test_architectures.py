@@ -1,7 +1,7 @@
 """Architectures beyond Llama on OpenVINO: for each tiny random model (Gemma-2, Gemma-3 text, Phi-3, Mistral,
 Qwen3; sliding windows shorter than the text), the exported IR computes the torch model's logits, greedy decoding in
-fp32 gives transformers' own tokens, and greedy decoding in fp32 and INT8 (plain and prompt lookup) and on the torch
-backend (plain and prompt lookup) agree token for token."""
+fp32 gives transformers' own tokens, and greedy decoding in fp32, INT8, INT4 and fp16 (plain and prompt lookup) and on
+the torch backend (plain and prompt lookup) agree token for token."""
 
 import pytest
 import torch
@@ -47,15 +47,18 @@ def test_openvino_export_matches_torch(arch):
     assert _greedy(lookup).tolist() == greedy.tolist()
 
 
-def test_openvino_int8_plain_and_speculative_agree(arch):
+@pytest.mark.parametrize("fmt", ["int8_asym", "int4_asym", "fp16"])
+def test_openvino_low_bit_plain_and_speculative_agree(arch, fmt):
+    """Each format the README claims for these architectures loads, and prompt lookup gives plain's tokens (fp16:
+    Gemma-2's soft-capping scalars reach the head's Multiply through a Convert)."""
     model_type, folder, _, greedy = arch
-    int8 = AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="openvino", load_in_low_bit="int8_asym")
-    assert int8.low_bit.format == "int8_asym"
-    plain = _greedy(int8)
+    model = AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="openvino", load_in_low_bit=fmt)
+    assert model.low_bit.format == fmt, model_type
+    plain = _greedy(model)
     lookup = AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="openvino",
-                                                  load_in_low_bit="int8_asym", speculative="prompt_lookup")
-    assert _greedy(lookup).tolist() == plain.tolist()
-    assert _greedy(int8, prompt_lookup_num_tokens=4).tolist() == plain.tolist()
+                                                  load_in_low_bit=fmt, speculative="prompt_lookup")
+    assert _greedy(lookup).tolist() == plain.tolist(), model_type
+    assert _greedy(model, prompt_lookup_num_tokens=4).tolist() == plain.tolist(), model_type
 
 
 def test_torch_backend_plain_and_speculative_match_transformers(arch):

@@ -144,13 +144,19 @@ def _stage(model: ov.Model, a: int, b: int, total: int, name: str) -> ov.Model:
 _AFTER_HEAD = {"Convert", "Tanh", "Multiply", "Divide"}
 
 
+def _scalar_constant(node) -> bool:
+    """Whether ``node`` is a one-element Constant, or Converts of one (an fp16 IR keeps its scalars in f16)."""
+    while node.get_type_name() == "Convert":
+        node = node.input_value(0).get_node()
+    return node.get_type_name() == "Constant" and int(np.prod(node.get_output_shape(0))) == 1
+
+
 def _lm_head(model: ov.Model):
     """The node the ``logits`` come from once :data:`_AFTER_HEAD` operations are passed (the MatMul, in an LLM IR)."""
     node = model.output("logits").get_node().input_value(0).get_node()
     while node.get_type_name() in _AFTER_HEAD:
         sources = [i.get_source_output().get_node() for i in node.inputs()]
-        varying = [n for n in sources if not (n.get_type_name() == "Constant"
-                                              and int(np.prod(n.get_output_shape(0))) == 1)]
+        varying = [n for n in sources if not _scalar_constant(n)]
         if len(varying) != 1:
             break
         node = varying[0]
