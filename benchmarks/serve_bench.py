@@ -8,15 +8,17 @@ same GGUF where llama-cpp-python is installed), at several concurrencies, with t
 
     python benchmarks/serve_bench.py [--model smollm2-135m-instruct] [--low-bit int8_asym]
         [--speculative prompt_lookup] [--concurrency 1,4,16] [--requests 16] [--max-tokens 32]
-        [--systems xpuspec-plain,xpuspec-spec,llama-cpp,llama-cpp-lookup] [--json FILE]
+        [--systems xpuspec-plain,xpuspec-spec,llama-cpp,llama-cpp-lookup] [--rounds 1] [--json FILE]
 
 Each system is started as a child process on a free loopback port and warmed up by one request; then, at each
 concurrency, each system in turn (all stay loaded, so drift in the machine's load hits them alike) is driven by that
 many client threads sending streamed greedy completions (``temperature=0``,
 ``stream_options.include_usage``) over the bench prompt sets (code, prose, edit; the same prompts in the same
-order for every system) until ``--requests`` requests have finished. Per concurrency it reports:
+order for every system) until ``--requests`` requests have finished; ``--rounds N`` repeats that N times, the
+systems' order reversed every other round. Per concurrency it reports:
 
-- aggregate tokens/s: completion tokens of all requests over the wall time from the first send to the last reply;
+- aggregate tokens/s: completion tokens of a round's requests over the wall time from its first send to its last
+  reply (the median round, and the lowest and highest);
 - TTFT: from sending a request to its first text chunk; TPOT: from the first chunk to the last, over the
   completion tokens after the first (p50 / p90 / p99 over requests);
 - acceptance: accepted over drafted tokens and the mean acceptance length, from each response's
@@ -29,6 +31,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -157,26 +160,41 @@ def drive(port: int, model: str, prompts: List[str], concurrency: int, requests:
     begun = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         samples = [s for f in [pool.submit(worker) for _ in range(concurrency)] for s in f.result()]
-    wall = time.perf_counter() - begun
+    return summarize(concurrency, [samples], [time.perf_counter() - begun])
+
+
+def summarize(concurrency: int, rounds: List[List[Sample]], walls: List[float]) -> dict:
+    """One concurrency level's figures over its rounds: tokens/s is the median round's, the percentiles and the
+    acceptance pool every round's requests."""
+    samples = [s for r in rounds for s in r]
+    speeds = [sum(s.tokens for s in r) / wall for r, wall in zip(rounds, walls)]
     tokens, drafted, accepted = (sum(getattr(s, k) for s in samples) for k in ("tokens", "drafted", "accepted"))
     drafts = sum(s.drafts for s in samples)
-    return {"concurrency": concurrency, "requests": len(samples), "completion_tokens": tokens, "wall_s": wall,
-            "tokens_per_s": tokens / wall, "ttft_s": percentiles([s.ttft_s for s in samples]),
+    return {"concurrency": concurrency, "requests": len(rounds[0]), "completion_tokens": tokens, "wall_s": sum(walls),
+            "tokens_per_s": statistics.median(speeds), "rounds_tokens_per_s": speeds,
+            "ttft_s": percentiles([s.ttft_s for s in samples]),
             "tpot_s": percentiles([s.tpot_s for s in samples if s.tpot_s is not None]),
             "acceptance": accepted / drafted if drafted else None,
             "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
             "samples": [asdict(s) for s in samples]}
 
 
+def merge(runs: List[dict]) -> dict:
+    """The rounds of one system at one concurrency (each :func:`drive`'s result) as one result."""
+    return summarize(runs[0]["concurrency"], [[Sample(**s) for s in r["samples"]] for r in runs],
+                     [r["wall_s"] for r in runs])
+
+
 def table(results: Dict[str, List[dict]]) -> str:
-    lines = ["| system | concurrency | requests | tokens/s | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms "
-             "| acceptance | mean acceptance length |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| system | concurrency | requests | tokens/s | min-max | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms "
+             "| acceptance | mean acceptance length |", "|---|---|---|---|---|---|---|---|---|"]
     ms = lambda d: " / ".join(f"{d[k] * 1000:.0f}" for k in ("p50", "p90", "p99")) if d else "n/a"  # noqa: E731
     for system, rows in results.items():
         for r in rows:
             acc = f"{r['acceptance']:.0%}" if r["acceptance"] is not None else "n/a"
             mal = f"{r['mean_acceptance_length']:.2f}" if r["mean_acceptance_length"] is not None else "n/a"
-            lines.append(f"| {system} | {r['concurrency']} | {r['requests']} | {r['tokens_per_s']:.1f} | "
+            spread = f"{min(r['rounds_tokens_per_s']):.1f}-{max(r['rounds_tokens_per_s']):.1f}"
+            lines.append(f"| {system} | {r['concurrency']} | {r['requests']} | {r['tokens_per_s']:.1f} | {spread} | "
                          f"{ms(r['ttft_s'])} | {ms(r['tpot_s'])} | {acc} | {mal} |")
     return "\n".join(lines)
 
@@ -188,7 +206,9 @@ def main() -> int:
     p.add_argument("--speculative", default="prompt_lookup", help="xpuspec-spec's --speculative (default prompt_lookup)")
     p.add_argument("--systems", default="xpuspec-plain,xpuspec-spec,llama-cpp,llama-cpp-lookup")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    p.add_argument("--requests", type=int, default=16, help="requests per concurrency level and round")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds per concurrency level, the systems in turn (order reversed every other round)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--prompts", default="code:4,prose:4,edit:4", help="xpuspec bench's --prompts spec")
     p.add_argument("--gguf", default=None, help="llama-cpp's GGUF (default: xpuspec's cached GGUF of --model)")
@@ -196,6 +216,8 @@ def main() -> int:
     p.add_argument("--server-log", default=None, metavar="FILE", help="the servers' output (default: discarded)")
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
 
     from xpuspec.bench import prompts as prompt_sets
 
@@ -213,13 +235,22 @@ def main() -> int:
                                timeout=900), args.model, texts[0], args.max_tokens)  # warm-up
             results[system] = []
         for c in args.concurrency:  # the systems one after another at each level, so load drift hits them alike
-            for system, child in children.items():
-                results[system].append(drive(child.port, args.model, texts, c, args.requests, args.max_tokens))
-                print(f"{system} c={c}: {results[system][-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+            runs = {system: [] for system in children}
+            for r in range(args.rounds):
+                for system, child in (list(children.items())[::-1] if r % 2 else children.items()):
+                    runs[system].append(drive(child.port, args.model, texts, c, args.requests, args.max_tokens))
+                    print(f"{system} c={c} round {r}: {runs[system][-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+            for system, done in runs.items():
+                results[system].append(merge(done))
     finally:
         for child in children.values():
             child.stop()
     print(table(results))
+    if {"xpuspec-plain", "xpuspec-spec"} <= set(results):
+        for plain, spec in zip(results["xpuspec-plain"], results["xpuspec-spec"]):
+            ratios = ", ".join(f"{b / a:.2f}x" for a, b in zip(plain["rounds_tokens_per_s"], spec["rounds_tokens_per_s"]))
+            print(f"\nxpuspec-spec / xpuspec-plain at concurrency {plain['concurrency']}: "
+                  f"{spec['tokens_per_s'] / plain['tokens_per_s']:.2f}x (medians); by round {ratios}")
     for system, why in unavailable.items():
         print(f"\n{system}: not run ({why}).")
     if args.json:
