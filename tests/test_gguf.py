@@ -101,3 +101,8 @@ def test_a_file_that_is_not_gguf_is_named(tmp_path):
     junk.write_bytes(b"not a model")
     with pytest.raises(FileNotFoundError, match="is a file but not a GGUF file"):
         AutoModelForCausalLM.from_pretrained(str(junk))
+
+
+def test_a_missing_gguf_file_is_named_as_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No such GGUF file: .*missing.gguf"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "missing.gguf"))

@@ -161,6 +161,8 @@ def resolve_source(name_or_path) -> ModelSource:
     if path.exists():
         raise ModelSourceError(f"{name!r} is a file but not a GGUF file; pass the model's folder or a .gguf file.")
     builtins = ", ".join(BUILTIN_MODELS)
+    if path.suffix.lower() == ".gguf":
+        raise ModelSourceError(f"No such GGUF file: {name!r}. Check the path, or use a built-in model: {builtins}.")
     if _is_hub_id(name):
         try:
             from huggingface_hub import snapshot_download
