@@ -130,3 +130,14 @@ def test_the_cache_is_keyed_by_the_cpu_flags(smollm2_path):
     assert identity["openvino"] and identity["backend"] == "openvino"
     folder = resolve_source(MODEL).path
     assert formats.measures_path(folder, identity) != formats.measures_path(folder, {**identity, "cpu_flags": "avx2"})
+
+
+def test_a_4_bit_format_never_measured_says_so_at_load(tmp_path, caplog):
+    from tiny import tiny_model
+
+    folder = tiny_model(tmp_path / "t", seed=2)
+    with caplog.at_level(logging.INFO, logger="xpuspec"):
+        AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="openvino", load_in_low_bit="int4_asym")
+        AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="openvino", load_in_low_bit="int8_asym")
+    lines = [r.getMessage() for r in caplog.records if "not measured yet" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("int4_asym on this model and device"), lines

@@ -184,9 +184,14 @@ def auto_format(folder, identity: dict, load: Load, tokenizer_factory: Callable[
 
 def note_quality(folder, identity: dict, fmt: str, compile_config: Optional[dict] = None) -> Optional[FormatMeasure]:
     """Where ``fmt`` was measured on this model and device (by an earlier ``auto``) and its perplexity change passes
-    :data:`PPL_NOTE_THRESHOLD`, log one INFO line saying so. Returns the measure, or ``None``. Never measures."""
+    :data:`PPL_NOTE_THRESHOLD`, log one INFO line saying so; where a 4-bit format was never measured there, one INFO
+    line saying that. Returns the measure, or ``None``. Never measures."""
     measures = cached_measures(measures_path(folder, identity, compile_config), warn=False) or ()
     found = next((m for m in measures if m.format == fmt), None)
+    if found is None and fmt.startswith("int4"):
+        log.info("%s on this model and device: its perplexity change is not measured yet; 4-bit weights may lose "
+                 "much more than %+.0f%% (load_in_low_bit='auto' measures the formats once and keeps within it; "
+                 "`xpuspec eval` compares them)", fmt, 100 * DEFAULT_PPL_BOUND)
     if found is not None and found.ppl_delta > PPL_NOTE_THRESHOLD:
         log.info("%s on this model and device: perplexity %+.1f%% vs fp32 (measured; load_in_low_bit='auto' keeps "
                  "within %+.0f%%)", fmt, 100 * found.ppl_delta, 100 * DEFAULT_PPL_BOUND)
