@@ -186,8 +186,8 @@ def merge(runs: List[dict]) -> dict:
 
 
 def table(results: Dict[str, List[dict]]) -> str:
-    lines = ["| system | concurrency | requests | tokens/s | min-max | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms "
-             "| acceptance | mean acceptance length |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| system | concurrency | requests | tokens/s | min-max | TTFT p50 / p90 / p99 ms "
+             "| TPOT p50 / p90 / p99 ms | acceptance | mean acceptance length |", "|---" * 9 + "|"]
     ms = lambda d: " / ".join(f"{d[k] * 1000:.0f}" for k in ("p50", "p90", "p99")) if d else "n/a"  # noqa: E731
     for system, rows in results.items():
         for r in rows:
@@ -239,7 +239,8 @@ def main() -> int:
             for r in range(args.rounds):
                 for system, child in (list(children.items())[::-1] if r % 2 else children.items()):
                     runs[system].append(drive(child.port, args.model, texts, c, args.requests, args.max_tokens))
-                    print(f"{system} c={c} round {r}: {runs[system][-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+                    speed = runs[system][-1]["tokens_per_s"]
+                    print(f"{system} c={c} round {r}: {speed:.1f} tokens/s", file=sys.stderr)
             for system, done in runs.items():
                 results[system].append(merge(done))
     finally:
@@ -248,7 +249,8 @@ def main() -> int:
     print(table(results))
     if {"xpuspec-plain", "xpuspec-spec"} <= set(results):
         for plain, spec in zip(results["xpuspec-plain"], results["xpuspec-spec"]):
-            ratios = ", ".join(f"{b / a:.2f}x" for a, b in zip(plain["rounds_tokens_per_s"], spec["rounds_tokens_per_s"]))
+            ratios = ", ".join(f"{b / a:.2f}x"
+                               for a, b in zip(plain["rounds_tokens_per_s"], spec["rounds_tokens_per_s"]))
             print(f"\nxpuspec-spec / xpuspec-plain at concurrency {plain['concurrency']}: "
                   f"{spec['tokens_per_s'] / plain['tokens_per_s']:.2f}x (medians); by round {ratios}")
     for system, why in unavailable.items():
