@@ -18,6 +18,21 @@ def test_draft_with_another_vocabulary_is_refused(tiny_pair, tmp_path):
         target.generate(input_ids=torch.tensor([[1, 5]]), max_new_tokens=4, assistant_model=other)
 
 
+def test_a_draft_with_another_vocabulary_is_refused_before_the_target_loads(tmp_path, monkeypatch):
+    from xpuspec.devices import get_backend
+
+    target = tiny_model(tmp_path / "target", 1)
+    other = tiny_model(tmp_path / "other", 3, WORDS[:3] + [f"v{i}" for i in range(13)])
+    loads = []
+    torch_backend = get_backend("torch")
+    real_load = torch_backend.load
+    monkeypatch.setattr(torch_backend, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    with pytest.raises(DraftMismatchError, match=r"The draft of speculative='draft' .*another vocabulary"):
+        AutoModelForCausalLM.from_pretrained(str(target), backend="torch",
+                                             speculative=SpeculativeConfig(mode="draft", draft=str(other)))
+    assert loads == []
+
+
 def test_bad_speculative_options(tiny_pair):
     target, draft = tiny_pair
     ids = torch.tensor([[1, 5]])

@@ -34,7 +34,7 @@ from .speculative.policy import PolicyBook
 from .speculative.batch import BATCH_SWEEP_WIDTHS
 from .speculative.profile import SWEEP_WIDTHS, TargetCosts, measure_profile
 from .speculative.resident import ReleasableRunner, rss_bytes
-from .speculative.pairing import check_draft, plan_speculation
+from .speculative.pairing import check_draft, check_vocabularies, plan_speculation
 from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
 
 log = logging.getLogger("xpuspec")
@@ -626,6 +626,7 @@ class AutoModelForCausalLM:
         if spec is not None and spec.draft:
             with _naming_the_draft(spec):  # a missing draft fails before the target compiles, after a missing target
                 draft_model_source = resolve_source(spec.draft)
+                check_vocabularies(source, draft_model_source)
         draft_origin = _self_draft_origin(spec, source) if uses_draft else source
         split = check_split(split, len(stage_devices), config.num_hidden_layers)
         identity = chosen_backend.identity(stage_devices[0])

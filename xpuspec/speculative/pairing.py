@@ -20,6 +20,22 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
+def check_vocabularies(target, draft) -> None:
+    """Refuse a draft whose tokenizer's vocabulary (every token string and id) differs from the target's; ``target``
+    and ``draft`` are model sources (:class:`xpuspec.sources.ModelSource`), so this runs before either loads.
+
+    Raises:
+        DraftMismatchError: the vocabularies differ.
+    """
+    vt, vd = _tokenizer(str(target.path)).get_vocab(), _tokenizer(str(draft.path)).get_vocab()
+    if vt != vd:
+        differing = sorted(set(vt.items()) ^ set(vd.items()), key=lambda kv: kv[1])[:3]
+        raise DraftMismatchError(
+            f"Draft {draft.name!r} has another vocabulary than target {target.name!r} "
+            f"({len(vd)} vs {len(vt)} tokens; e.g. {differing}). Pick a draft from the same model family."
+        )
+
+
 def check_draft(target, draft) -> None:
     """Refuse a draft whose tokenizer differs from the target's.
 
@@ -29,14 +45,8 @@ def check_draft(target, draft) -> None:
     Raises:
         DraftMismatchError: vocabularies, special tokens or row counts do not fit.
     """
-    tt, td = _tokenizer(str(target.source.path)), _tokenizer(str(draft.source.path))
-    vt, vd = tt.get_vocab(), td.get_vocab()
-    if vt != vd:
-        differing = sorted(set(vt.items()) ^ set(vd.items()), key=lambda kv: kv[1])[:3]
-        raise DraftMismatchError(
-            f"Draft {draft.name_or_path!r} has another vocabulary than target {target.name_or_path!r} "
-            f"({len(vd)} vs {len(vt)} tokens; e.g. {differing}). Pick a draft from the same model family."
-        )
+    check_vocabularies(target.source, draft.source)
+    tt = _tokenizer(str(target.source.path))
     for what in ("bos_token_id", "eos_token_id"):
         a, b = getattr(target.generation_config, what), getattr(draft.generation_config, what)
         if a != b:
