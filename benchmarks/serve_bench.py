@@ -39,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import httpx
 from openai import OpenAI
@@ -143,7 +143,10 @@ def percentiles(values: List[float]) -> Dict[str, float]:
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 
-def drive(port: int, model: str, prompts: List[str], concurrency: int, requests: int, max_tokens: int) -> dict:
+def drive(port: int, model: str, prompts: List[str], concurrency: int, requests: int,
+          max_tokens: int) -> Tuple[List[Sample], float]:
+    """One round: ``requests`` requests from ``concurrency`` client threads. Returns their samples and the wall
+    seconds from the first send to the last reply."""
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
     next_index, lock = [0], threading.Lock()
 
@@ -160,7 +163,7 @@ def drive(port: int, model: str, prompts: List[str], concurrency: int, requests:
     begun = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         samples = [s for f in [pool.submit(worker) for _ in range(concurrency)] for s in f.result()]
-    return summarize(concurrency, [samples], [time.perf_counter() - begun])
+    return samples, time.perf_counter() - begun
 
 
 def summarize(concurrency: int, rounds: List[List[Sample]], walls: List[float]) -> dict:
@@ -177,12 +180,6 @@ def summarize(concurrency: int, rounds: List[List[Sample]], walls: List[float]) 
             "acceptance": accepted / drafted if drafted else None,
             "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
             "samples": [asdict(s) for s in samples]}
-
-
-def merge(runs: List[dict]) -> dict:
-    """The rounds of one system at one concurrency (each :func:`drive`'s result) as one result."""
-    return summarize(runs[0]["concurrency"], [[Sample(**s) for s in r["samples"]] for r in runs],
-                     [r["wall_s"] for r in runs])
 
 
 def table(results: Dict[str, List[dict]]) -> str:
@@ -235,14 +232,16 @@ def main() -> int:
                                timeout=900), args.model, texts[0], args.max_tokens)  # warm-up
             results[system] = []
         for c in args.concurrency:  # the systems one after another at each level, so load drift hits them alike
-            runs = {system: [] for system in children}
+            rounds = {system: ([], []) for system in children}  # per system: each round's samples, wall seconds
             for r in range(args.rounds):
                 for system, child in (list(children.items())[::-1] if r % 2 else children.items()):
-                    runs[system].append(drive(child.port, args.model, texts, c, args.requests, args.max_tokens))
-                    speed = runs[system][-1]["tokens_per_s"]
-                    print(f"{system} c={c} round {r}: {speed:.1f} tokens/s", file=sys.stderr)
-            for system, done in runs.items():
-                results[system].append(merge(done))
+                    samples, wall = drive(child.port, args.model, texts, c, args.requests, args.max_tokens)
+                    rounds[system][0].append(samples)
+                    rounds[system][1].append(wall)
+                    print(f"{system} c={c} round {r}: {sum(x.tokens for x in samples) / wall:.1f} tokens/s",
+                          file=sys.stderr)
+            for system, (samples, walls) in rounds.items():
+                results[system].append(summarize(c, samples, walls))
     finally:
         for child in children.values():
             child.stop()
