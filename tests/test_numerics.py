@@ -28,8 +28,13 @@ def nan_model(tmp_path_factory):
 
 @pytest.mark.parametrize("backend,fmt", [("torch", "fp32"), ("torch", "fp16"), ("openvino", "fp32")])
 def test_nan_logits_fail_at_load_naming_the_format(nan_model, backend, fmt):
-    with pytest.raises(NumericsError, match=rf"in {fmt} on cpu \({backend} backend\) computes \d+ NaN"):
+    with pytest.raises(NumericsError, match=rf"in {fmt} on cpu \({backend} backend\) computes \d+ NaN") as err:
         AutoModelForCausalLM.from_pretrained(str(nan_model), device="cpu", backend=backend, load_in_low_bit=fmt)
+    advice = str(err.value).split("perplexity nan). ")[1]
+    if fmt == "fp32":  # the widest range failed too: no format to suggest
+        assert "weights themselves are likely damaged" in advice and "load_in_low_bit" not in advice
+    else:
+        assert "load_in_low_bit='fp32'" in advice and fmt not in advice
 
 
 def test_finite_logits_load(tmp_path):

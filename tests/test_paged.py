@@ -114,8 +114,16 @@ def test_a_kv_cache_precision_the_cpu_refuses_is_named(smollm2_path):
         AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
                                              ov_config={"INFERENCE_PRECISION_HINT": "bf16"})
     model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
-                                                 ov_config={"KV_CACHE_PRECISION": "u8"})
+                                                 ov_config={"KV_CACHE_PRECISION": "u8", "ENABLE_CPU_PINNING": True})
     assert model.runner.configs[0]["INFERENCE_PRECISION_HINT"] == "f32"  # xpuspec's default on every CPU
+    assert model.runner._wide.get_compiled_model().get_property("ENABLE_CPU_PINNING") is True  # ov_config wins
+
+
+def test_inference_threads_are_not_pinned(ov_int8):
+    """OpenVINO pins its CPU threads by default; a pinned thread whose core also runs other work waits for that
+    work's time slices at every parallel region (benchmarks/results/cpu-pinning.md). xpuspec leaves thread
+    placement to the operating system, unless ov_config asks for pinning (the test above)."""
+    assert ov_int8.runner._wide.get_compiled_model().get_property("ENABLE_CPU_PINNING") is False
 
 
 def test_a_step_copy_shares_the_kv_cache(ov_int8, tokenizer):

@@ -25,14 +25,30 @@ def nonfinite(logits: torch.Tensor, head_tokens: Optional[torch.Tensor] = None) 
     return f"{nan} NaN and {inf} infinite values among {scored.numel()} logits"
 
 
-def check_logits(logits: torch.Tensor, what: str, head_tokens: Optional[torch.Tensor] = None) -> None:
-    """Raise :class:`NumericsError` naming ``what`` (the model and its format) if ``logits`` are not finite."""
+#: Formats to try when one computes non-finite logits, each with why it may help.
+_OTHER_FORMATS = (("fp32", "fp32 (load_in_low_bit='fp32')"), ("bf16", "bf16 where the device has it"),
+                  ("int8_asym", "int8_asym, whose activations keep fp32's range"))
+
+
+def check_logits(logits: torch.Tensor, what: str, head_tokens: Optional[torch.Tensor] = None,
+                 fmt: Optional[str] = None) -> None:
+    """Raise :class:`NumericsError` naming ``what`` (the model and its format) if ``logits`` are not finite.
+
+    ``fmt``: the weight format the logits were computed in (``LowBitConfig.format``); the message suggests the
+    others, and after fp32 (the widest range) damaged weights.
+    """
     found = nonfinite(logits, head_tokens)
-    if found is not None:
-        raise NumericsError(
-            f"{what} computes {found}, so its output would be garbage (all-<pad> text, perplexity nan). "
-            "Load it in another format: fp32 (load_in_low_bit='fp32'), bf16 where the device has it, or int8_asym, "
-            "whose activations keep fp32's range; if every format fails, its weights are damaged.")
+    if found is None:
+        return
+    if fmt == "fp32":
+        advice = ("fp32 has the widest range of every format, so the weights themselves are likely damaged: "
+                  "download or convert the model again, and check its sha256.")
+    else:
+        others = [text for name, text in _OTHER_FORMATS if name != fmt]
+        advice = (f"Load it in another format: {', '.join(others[:-1])} or {others[-1]}; if every format fails, "
+                  "its weights are damaged.")
+    raise NumericsError(f"{what} computes {found}, so its output would be garbage (all-<pad> text, perplexity nan). "
+                        + advice)
 
 
 def probe_ids(folder: Path, vocab_size: int) -> List[int]:
@@ -50,9 +66,9 @@ def probe_ids(folder: Path, vocab_size: int) -> List[int]:
     return [(7919 * i + 13) % vocab_size for i in range(32)]
 
 
-def check_loaded(runner, folder: Path, what: str) -> None:
+def check_loaded(runner, folder: Path, what: str, fmt: Optional[str] = None) -> None:
     """Run the plausibility sentence through a freshly loaded ``runner`` (its KV cache is left empty) and raise
-    :class:`NumericsError` naming ``what`` where a logit is NaN or infinite.
+    :class:`NumericsError` naming ``what`` where a logit is NaN or infinite (``fmt``: see :func:`check_logits`).
 
     A runner whose passes run in lockstep across processes (a torchrun pipeline) is not probed: every rank
     would have to run the probe at once.
@@ -63,4 +79,4 @@ def check_loaded(runner, folder: Path, what: str) -> None:
         logits = runner.forward(probe_ids(folder, runner.vocab_size))
     finally:
         runner.reset()
-    check_logits(logits, what, runner.head_tokens)
+    check_logits(logits, what, runner.head_tokens, fmt)

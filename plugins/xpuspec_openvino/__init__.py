@@ -68,8 +68,11 @@ def compile_config(device: str, user_config: Optional[dict] = None, paged: bool 
       (``paged``), which pads its 1-token passes where they compute differently from wider ones
       (:mod:`.paged`); the stateful model, whose padding would cost dead KV slots, runs with
       ``DYNAMIC_QUANTIZATION_GROUP_SIZE=0``.
-    - ``ENABLE_CPU_PINNING=False`` while a second CPU device is registered (``$XPUSPEC_CPU_ALIASES``):
-      each plugin instance would pin its threads to the same cores.
+    - ``ENABLE_CPU_PINNING=False``: a pinned inference thread cannot leave a core that other work also runs on
+      (another process, a job under ``taskset``, a second CPU plugin instance registered through
+      ``$XPUSPEC_CPU_ALIASES``, which pins to the same cores), so every parallel region waits for that core's time
+      slice. Unpinned, the operating system moves the thread to a free core. The outputs are the same either way
+      (``benchmarks/cpu_pinning.py`` checks them, and measures the speeds in ``benchmarks/results/cpu-pinning.md``).
 
     GPU and NPU cache their compiled blobs under the cache folder; the NPU runs NPUW's LLM pipeline with
     :data:`NPU_MAX_PROMPT_LEN` and :data:`NPU_MIN_RESPONSE_LEN`. The measurements behind these settings:
@@ -82,8 +85,7 @@ def compile_config(device: str, user_config: Optional[dict] = None, paged: bool 
         config["INFERENCE_PRECISION_HINT"] = "bf16" if bf16 else "f32"
         if not paged:
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
-        if cpu_aliases():  # each CPU plugin instance would pin its threads to the same cores
-            config["ENABLE_CPU_PINNING"] = False
+        config["ENABLE_CPU_PINNING"] = False
     else:
         config["CACHE_DIR"] = str(cache_root() / "ov_compiled")
     if kind == "npu":

@@ -73,18 +73,21 @@ class Setup:
         return ov_properties(self.kv_cache_precision)
 
 
-def ov_properties(kv_cache_precision: Optional[str]) -> Dict[str, str]:
+def ov_properties(kv_cache_precision: Optional[str]) -> Dict[str, object]:
     """OpenVINO compile properties of the bench's OpenVINO systems: a chosen KV-cache precision (``None``: the
     plugin's default) comes with f32 inference (the CPU plugin's default is bf16 on CPUs with AVX512-BF16 or
-    AMX, where paged attention refuses an f32 cache and turns an f16 one into bf16)."""
-    props = {"PERFORMANCE_HINT": "LATENCY"}
+    AMX, where paged attention refuses an f32 cache and turns an f16 one into bf16). Every system runs with CPU
+    pinning off, as xpuspec does by default, so that a competing load (``--competing-load``) measures the tools
+    and not OpenVINO's thread placement, which such a load slows several times over
+    (``benchmarks/results/cpu-pinning.md``)."""
+    props = {"PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
     if kv_cache_precision:
         props["KV_CACHE_PRECISION"] = kv_cache_precision
         props["INFERENCE_PRECISION_HINT"] = "f32"
     return props
 
 
-def xpuspec_ov_config(kv_cache_precision: Optional[str]) -> Dict[str, str]:
+def xpuspec_ov_config(kv_cache_precision: Optional[str]) -> Dict[str, object]:
     """:func:`ov_properties` as xpuspec takes them (``ov_config=``): without the performance hint, since
     xpuspec sets its own latency settings."""
     return {k: v for k, v in ov_properties(kv_cache_precision).items() if k != "PERFORMANCE_HINT"}
