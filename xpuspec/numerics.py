@@ -34,15 +34,16 @@ def check_logits(logits: torch.Tensor, what: str, head_tokens: Optional[torch.Te
                  fmt: Optional[str] = None) -> None:
     """Raise :class:`NumericsError` naming ``what`` (the model and its format) if ``logits`` are not finite.
 
-    ``fmt``: the weight format the logits were computed in (``LowBitConfig.format``); the message suggests the
-    others, and after fp32 (the widest range) damaged weights.
+    ``fmt``: the weight format the logits were computed in (``LowBitConfig.format``; a source loaded without one
+    computes in ``"fp32"``); the message suggests the others, and after fp32 (the widest range) damaged weights.
     """
     found = nonfinite(logits, head_tokens)
     if found is None:
         return
     if fmt == "fp32":
-        advice = ("fp32 has the widest range of every format, so the weights themselves are likely damaged: "
-                  "download or convert the model again, and check its sha256.")
+        advice = ("fp32 has the widest range of every format, so where the device computes in f32 (a CPU) the "
+                  "weights themselves are likely damaged: download or convert the model again, and check its sha256. "
+                  "A GPU computes in f16 by default: there pass ov_config={'INFERENCE_PRECISION_HINT': 'f32'} first.")
     else:
         others = [text for name, text in _OTHER_FORMATS if name != fmt]
         advice = (f"Load it in another format: {', '.join(others[:-1])} or {others[-1]}; if every format fails, "

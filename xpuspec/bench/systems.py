@@ -68,7 +68,7 @@ class Setup:
     draft_vocab_size: Optional[int] = None
     draft_context_length: Optional[int] = None
 
-    def ov_properties(self) -> Dict[str, str]:
+    def ov_properties(self) -> Dict[str, object]:
         """OpenVINO compile properties given to every OpenVINO system alike (:func:`ov_properties`)."""
         return ov_properties(self.kv_cache_precision)
 
