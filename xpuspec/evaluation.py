@@ -356,7 +356,7 @@ def evaluate(
                 nll, n = 0.0, 0
                 for i, (logp, targets) in enumerate(window_logprobs(lm, ids, context, stride)):
                     check_logits(logp, f"{model} in {row.label} on {lm.device_name} (text {name!r}, window {i})",
-                                 fmt=lm.low_bit.format if lm.low_bit else None)
+                                 low_bit=lm.low_bit)
                     ref = reference_logp.setdefault((name, i), logp)
                     nll -= logp.gather(1, targets[:, None]).sum().item()
                     agree += (logp.argmax(-1) == ref.argmax(-1)).sum().item()

@@ -669,7 +669,7 @@ class AutoModelForCausalLM:
             low_bit = source.saved_low_bit
         check_loaded(runner, source.path, f"{source.name} in {low_bit.format if low_bit else 'its source precision'} "
                                           f"on {device_name} ({chosen_backend.name} backend)",
-                     low_bit.format if low_bit else "fp32")  # both backends compute a source in fp32
+                     low_bit)
         log.info("loaded %s on %s (%s backend)", source.name, device_name, chosen_backend.name)
         model = XpuspecModelForCausalLM(source, chosen_backend, device_name, runner, low_bit)
         model.format_choice = choice

@@ -11,6 +11,7 @@ from typing import List, Optional
 import torch
 
 from .errors import NumericsError
+from .lowbit import LowBitConfig
 
 
 def nonfinite(logits: torch.Tensor, head_tokens: Optional[torch.Tensor] = None) -> Optional[str]:
@@ -31,15 +32,17 @@ _OTHER_FORMATS = (("fp32", "fp32 (load_in_low_bit='fp32')"), ("bf16", "bf16 wher
 
 
 def check_logits(logits: torch.Tensor, what: str, head_tokens: Optional[torch.Tensor] = None,
-                 fmt: Optional[str] = None) -> None:
+                 low_bit: Optional[LowBitConfig] = None) -> None:
     """Raise :class:`NumericsError` naming ``what`` (the model and its format) if ``logits`` are not finite.
 
-    ``fmt``: the weight format the logits were computed in (``LowBitConfig.format``; a source loaded without one
-    computes in ``"fp32"``); the message suggests the others, and after fp32 (the widest range) damaged weights.
+    ``low_bit``: the weight format the logits were computed in (``None``: a source loaded without one, which both
+    backends compute in fp32); the message suggests the other formats, and after fp32 (the widest range) damaged
+    weights.
     """
     found = nonfinite(logits, head_tokens)
     if found is None:
         return
+    fmt = low_bit.format if low_bit is not None else "fp32"
     if fmt == "fp32":
         advice = ("fp32 has the widest range of every format, so where the device computes in f32 (a CPU) the "
                   "weights themselves are likely damaged: download or convert the model again, and check its sha256. "
@@ -67,9 +70,9 @@ def probe_ids(folder: Path, vocab_size: int) -> List[int]:
     return [(7919 * i + 13) % vocab_size for i in range(32)]
 
 
-def check_loaded(runner, folder: Path, what: str, fmt: Optional[str] = None) -> None:
+def check_loaded(runner, folder: Path, what: str, low_bit: Optional[LowBitConfig] = None) -> None:
     """Run the plausibility sentence through a freshly loaded ``runner`` (its KV cache is left empty) and raise
-    :class:`NumericsError` naming ``what`` where a logit is NaN or infinite (``fmt``: see :func:`check_logits`).
+    :class:`NumericsError` naming ``what`` where a logit is NaN or infinite (``low_bit``: see :func:`check_logits`).
 
     A runner whose passes run in lockstep across processes (a torchrun pipeline) is not probed: every rank
     would have to run the probe at once.
@@ -80,4 +83,4 @@ def check_loaded(runner, folder: Path, what: str, fmt: Optional[str] = None) -> 
         logits = runner.forward(probe_ids(folder, runner.vocab_size))
     finally:
         runner.reset()
-    check_logits(logits, what, runner.head_tokens, fmt)
+    check_logits(logits, what, runner.head_tokens, low_bit)
