@@ -13,6 +13,7 @@ import pytest
 from tiny import tiny_model
 from xpuspec.bench import prompts, report, roofline
 from xpuspec.bench.harness import BenchSettings, run
+from xpuspec.bench.memory import LOW_MEMORY_SHARE, BenchMemoryError, check_loaded, memory_mib
 from xpuspec.bench.systems import SYSTEMS as ALL_SYSTEMS, parse_systems, unavailable
 
 #: The systems that run here without optional packages (the llama.cpp ones need llama-cpp-python: test_llamacpp.py).
@@ -112,6 +113,8 @@ def test_every_system_runs_on_tiny_models(tiny_report):
     samples = tiny_report["samples"]
     assert len(samples) == len(SYSTEMS) * 2 * 2
     assert all(s["new_tokens"] == 8 and s["ttft_s"] > 0 and s["total_s"] >= s["ttft_s"] for s in samples)
+    total = tiny_report["machine"]["memory_mib"]
+    assert total > 0 and all(0 < s["memory_available_mib"] <= total for s in samples)
     setup = tiny_report["setup"]
     for name, info in tiny_report["systems"].items():
         assert info["peak_rss_bytes"] > info["idle_rss_bytes"] > 0, name
@@ -162,6 +165,23 @@ def test_report_table_compare_and_plot(tiny_report, tmp_path):
     assert "settings differ: max_new_tokens 8 vs 64" in report.compare(tiny_report, other)
     png = report.plot(tiny_report, tmp_path / "bench.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_calls_that_began_short_of_memory_are_named_and_loading_stops_there(tiny_report):
+    assert "Short of memory" not in report.markdown(tiny_report)
+    short = deepcopy(tiny_report)
+    total = short["machine"]["memory_mib"]
+    short["samples"][3]["memory_available_mib"] = LOW_MEMORY_SHARE * total * 0.9
+    sample = short["samples"][3]
+    line = next(line for line in report.markdown(short).splitlines() if "Short of memory" in line)
+    assert f"1 of {len(short['samples'])} timed calls" in line
+    assert f"{sample['system']} ({sample['set']} prompt {sample['prompt']})" in line
+    available, machine = memory_mib()
+    assert machine == pytest.approx(total, abs=1) and 0 < available <= machine
+    check_loaded(["a", "b"], (LOW_MEMORY_SHARE * 1.1 * machine, machine))  # enough
+    check_loaded(["a", "b"], None)  # unknown: no check
+    with pytest.raises(BenchMemoryError, match=r"2 systems loaded side by side \(a, b\).*--interleave repeat"):
+        check_loaded(["a", "b"], (LOW_MEMORY_SHARE * 0.9 * machine, machine))
 
 
 def test_schema_rejects_a_broken_report(tiny_report, tmp_path):

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 from ..lowbit import FORMATS
 from . import prompts as prompt_sets
 from .load import CompetingLoad
+from .memory import check_loaded, memory_mib
 from .systems import DEFAULT_KV_CACHE_PRECISION, REFERENCE, SYSTEMS, Setup, parse_systems
 from .worker import Worker
 
@@ -148,8 +149,9 @@ def _machine() -> dict:
     except OSError:
         flags = ""
     isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile") if f" {f}" in flags]
+    memory = memory_mib()
     return {"cpu": cpu, "cores": os.cpu_count(), "isa": isa, "platform": platform.platform(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "memory_mib": None if memory is None else round(memory[1])}
 
 
 class _Progress:
@@ -194,6 +196,8 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
     Raises:
         ValueError: bad settings or prompts.
         WorkerError: a system failed to load or run (the message carries its traceback).
+        BenchMemoryError: the systems loaded side by side (``--interleave prompt``) leave the machine short of
+            memory (:mod:`xpuspec.bench.memory`).
     """
     from ..modeling import AutoTokenizer
     from . import report, roofline
@@ -236,8 +240,11 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         w.close()
 
     def measure(name: str, w: Worker, repeat: int, set_name: str, i: int, ids: List[int]) -> None:
+        memory = memory_mib()
         sample = w.call("generate", ids, settings.max_new_tokens)
-        outputs.append((report.sample_record(name, repeat, set_name, i, len(ids), sample), sample.tokens))
+        record = report.sample_record(name, repeat, set_name, i, len(ids), sample)
+        outputs.append(({**record, "memory_available_mib": None if memory is None else round(memory[0])},
+                        sample.tokens))
         bar.step(f"r{repeat + 1} {name}")
 
     # Reference systems load first: they give the plain greedy outputs, and xpuspec the IR folder. Every worker of
@@ -266,10 +273,10 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
             with draft_ir:
                 setup = replace(setup, draft_ir=draft_ir.info["settings"]["ir"])
         load.start()  # beside the measured systems, from their loading on
-        if shared:
-            workers.update({name: spawn(name) for name in settings.systems if name not in workers})
+        if shared:  # one after another, so that memory running short stops the run before it measures
             for name in settings.systems:
-                warm(name, workers[name])
+                workers[name] = warm(name, workers.get(name) or spawn(name))
+                check_loaded(list(workers), memory_mib())
             for repeat in range(settings.repeats):
                 for set_name, i, ids in items:
                     for name in settings.systems:

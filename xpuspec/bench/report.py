@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..speculative.audit import IDENTICAL, TIE, VIOLATION, classify
+from .memory import LOW_MEMORY_SHARE, is_short
 from .prompts import SETS
 from .roofline import percent_of_roofline, roofline_tokens_per_s
 
@@ -220,6 +221,13 @@ def markdown(result: dict) -> str:
               "RSS: the worker's peak minus its RSS before loading. Audit: each output against the plain greedy "
               "output of the same weights (transformers fp32 for hf*, xpuspec plain on the IR for the rest); "
               f"tie = diverged where the plain top-2 margin is under {s['tie_tolerance']:g}."]
+    total = result["machine"].get("memory_mib")
+    short = [r for r in result["samples"] if is_short(r.get("memory_available_mib"), total)]
+    if short:
+        where = sorted({f"{r['system']} ({r['set']} prompt {r['prompt']})" for r in short})
+        lines += ["", f"**Short of memory:** {len(short)} of {len(result['samples'])} timed calls began with under "
+                      f"{100 * LOW_MEMORY_SHARE:.0f}% of the machine's {total} MiB available; their timings may "
+                      f"measure paging, not the system: {', '.join(where)}."]
     odd = [r for r in result["samples"] if r["audit"]["status"] != IDENTICAL]
     if odd:
         lines += ["", "Outputs that differ from plain greedy:", ""]
