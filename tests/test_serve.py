@@ -315,6 +315,7 @@ BAD_REQUESTS = [  # (what, path, body, status, param or None, code or None)
     ("temperature out of range", "/v1/completions", {"model": MODEL, "prompt": "x", "temperature": 3}, 400,
      "temperature", None),
     ("n > 1", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400, "n", None),
+    ("a seed past 64 bits", "/v1/completions", {"model": MODEL, "prompt": "x", "seed": 10**23}, 400, "seed", None),
     ("several prompts", "/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", None),
     ("a token id off the vocabulary", "/v1/completions", {"model": MODEL, "prompt": [1, 10**7]}, 400, "prompt", None),
     ("an empty stop string", "/v1/completions", {"model": MODEL, "prompt": "x", "stop": [""]}, 400, "stop", None),

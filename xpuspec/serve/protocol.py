@@ -58,7 +58,7 @@ class GenerationRequest(_Strict):
     max_tokens: Optional[int] = Field(None, ge=1)
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)  # a 64-bit integer, as torch's generators take
     stop: Optional[Union[str, List[str]]] = None
     n: int = Field(1, ge=1)
     frequency_penalty: float = 0.0
