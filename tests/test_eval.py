@@ -8,7 +8,8 @@ import torch
 
 from xpuspec import LowBitConfig, LowBitConfigError, evaluate
 from xpuspec.cli import main
-from xpuspec.evaluation import eval_texts, label, parse_format, perplexity, sliding_windows
+from xpuspec.evaluation import label, parse_format
+from xpuspec.perplexity import eval_texts, perplexity, sliding_windows
 
 from conftest import MODEL
 

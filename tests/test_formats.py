@@ -11,7 +11,7 @@ from conftest import MODEL, PROMPTS
 from xpuspec import AutoModelForCausalLM, AutoTokenizer, formats
 from xpuspec.devices import resolve_device
 from xpuspec.errors import LowBitConfigError
-from xpuspec.evaluation import eval_texts, perplexity
+from xpuspec.perplexity import eval_texts, perplexity
 from xpuspec.sources import resolve_source
 from xpuspec.speculative.config import DEFAULT_MODE, resolve_speculative
 

@@ -2,8 +2,8 @@
 
 For one model on one device, every format of :data:`CANDIDATES` is loaded and measured once:
 
-- **quality**: sliding-window perplexity (:func:`xpuspec.evaluation.perplexity`) on :data:`PPL_TOKENS` tokens of
-  the evaluation corpus (half HumanEval code, half Python documentation prose; :func:`xpuspec.evaluation.eval_texts`),
+- **quality**: sliding-window perplexity (:func:`xpuspec.perplexity.perplexity`) on :data:`PPL_TOKENS` tokens of
+  the evaluation corpus (half HumanEval code, half Python documentation prose; :func:`xpuspec.perplexity.eval_texts`),
   as a relative change against fp32 (``ppl_delta``: 0.05 is +5%);
 - **speed**: greedy decoding of :data:`SPEED_TOKENS` tokens after a code prompt, the best of :data:`SPEED_REPEATS`
   runs, in tokens per second end to end (the path ``generate`` takes).
@@ -101,7 +101,7 @@ def measure_formats(load: Load, tokenizer, formats: Sequence[str] = CANDIDATES) 
 
     import torch
 
-    from .evaluation import eval_texts, perplexity
+    from .perplexity import eval_texts, perplexity
 
     texts = eval_texts(tokenizer, None, PPL_TOKENS)
     prompt = texts["code"][:32][None]
