@@ -179,6 +179,7 @@ def test_one_rows_rollback_leaves_the_others_as_fresh_forwards_give_them(ov_int8
 
 @pytest.mark.parametrize("bad, message", [
     (dict(input_ids=[[1, 2, 3], [4, 5]]), "ragged"),
+    (dict(input_ids=[torch.tensor([1, 2, 3]), torch.tensor([4, 5])]), "ragged"),
     (dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), attention_mask=torch.tensor([[1, 0, 1], [1, 1, 1]])), "hole"),
     (dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), attention_mask=torch.tensor([[0, 1, 1], [1, 1, 0]])),
      "left and others on the right"),

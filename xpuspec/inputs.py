@@ -107,9 +107,8 @@ def clamp_to_context(config: GenerationConfig, prompt_len: int, context: Optiona
 
 def is_batch(input_ids, attention_mask) -> bool:
     """Whether ``generate`` gets a batch (more than one row, or padding in the mask) rather than one plain prompt."""
-    if isinstance(input_ids, (list, tuple)) and input_ids and isinstance(input_ids[0], (list, tuple)):
-        if len(input_ids) > 1:
-            return True
+    if _rows(input_ids) and len(input_ids) > 1:
+        return True
     shape = getattr(input_ids, "shape", None)
     if shape is not None and len(shape) == 2 and shape[0] > 1:
         return True
@@ -136,7 +135,7 @@ def check_batch(input_ids, attention_mask, vocab_size: int):
         InvalidInputError: ragged lists, another shape, a mask that is not 0/1, of another shape, with a hole (a 0
             between ones), with a row of zeros, or padding both sides; ids outside the vocabulary.
     """
-    if isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(r, (list, tuple)) for r in input_ids):
+    if _rows(input_ids):
         lengths = sorted({len(r) for r in input_ids})
         if len(lengths) > 1:
             raise InvalidInputError(
@@ -189,7 +188,15 @@ def check_batch(input_ids, attention_mask, vocab_size: int):
     return ids, prompts, (sides.pop() if sides else None)
 
 
+def _rows(input_ids) -> bool:
+    """Whether ``input_ids`` is a non-empty list of rows: lists of ids, or 1-D tensors."""
+    return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and all(
+        isinstance(r, (list, tuple)) or (isinstance(r, torch.Tensor) and r.dim() == 1) for r in input_ids)
+
+
 def _integer_ids(input_ids) -> torch.Tensor:
+    if _rows(input_ids) and all(isinstance(r, torch.Tensor) for r in input_ids):
+        input_ids = torch.stack(input_ids)  # rows of one length (check_batch refused ragged ones)
     if input_ids is None:
         raise InvalidInputError(
             "input_ids is required: pass the tokenizer's output, e.g. generate(**tok(prompts, padding=True, "
