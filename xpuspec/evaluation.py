@@ -29,7 +29,7 @@ import torch
 
 from .errors import LowBitConfigError
 from .lowbit import CHANNEL_WISE, DEFAULT_INT4_GROUP_SIZE, LowBitConfig
-from .perplexity import eval_texts, window_logprobs
+from .perplexity import eval_texts, sliding_windows, window_logprobs
 
 REFERENCE = "fp32"
 
