@@ -21,7 +21,7 @@ The Python work per round and the prefill are not in the figures: compare rules 
 
 import argparse
 import json
-from typing import Callable, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from xpuspec.decode import GUESS_NGRAMS
 from xpuspec.speculative.drafters import NO_DRAFT, DraftRequest, PromptLookupDrafter
