@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from xpuspec import AutoModelForCausalLM, BatchNotSupportedError, KVBudgetError, SpeculativeConfig
+from xpuspec import AutoModelForCausalLM, KVBudgetError, SpeculativeConfig
 from xpuspec.errors import InvalidInputError
 
 from conftest import MODEL
@@ -219,15 +219,21 @@ def test_a_batch_past_the_kv_budget_is_refused_and_the_model_goes_on(ov_int8, to
     assert out[0, batch.input_ids.shape[1]:].tolist() == alone["plain"][0]
 
 
-def test_a_runner_of_one_sequence_refuses_a_batch(tiny_pair):
+def test_a_runner_of_one_sequence_runs_a_batch_row_after_row(tiny_pair):
+    """The torch backend verifies one sequence per pass: its engine has one row, and a batch's rows run through it
+    one after another, each with its output alone."""
     target, _ = tiny_pair
-    with pytest.raises(BatchNotSupportedError, match="OpenVINO backend|once per prompt"):
-        target.generate(torch.tensor([[1, 3, 4], [1, 5, 6]]), max_new_tokens=2)
+    rows = [[1, 3, 4], [1, 5, 6]]
+    out = target.generate(torch.tensor(rows), max_new_tokens=4, do_sample=False)
+    for i, row in enumerate(rows):
+        alone = target.generate(torch.tensor([row]), max_new_tokens=4, do_sample=False)
+        assert out[i].tolist() == alone[0].tolist()
+    assert target._engine_loop().engine.widest == 1
 
 
 def test_concurrent_threads_become_rows_of_one_batch(ov_int8, tok, alone):
-    """The model's lock is held (a request running alone) while four threads call generate: they queue as rows,
-    and once the lock is free one of them drives all four in one batch, each with its output alone."""
+    """The model's lock is held (as model(...) holds it) while four threads call generate: they queue as rows,
+    and once the lock is free the engine's thread steps all four in one batch, each with its output alone."""
     out, errors = {}, []
 
     def work(i):
@@ -237,7 +243,7 @@ def test_concurrent_threads_become_rows_of_one_batch(ov_int8, tok, alone):
         except Exception as exc:  # reported below
             errors.append(repr(exc))
 
-    batcher = ov_int8._batcher()
+    batcher = ov_int8._engine_loop()
     widest = batcher.engine.widest
     batcher.engine.widest = 0
     with ov_int8._lock:
@@ -372,3 +378,64 @@ def test_a_speculative_load_measures_the_batch_widths_so_the_first_batch_does_no
     assert model._costs.profile.widest == BATCH_SWEEP_WIDTHS[-1]
     model.generate(torch.tensor([[1, 5, 9, 1, 5], [2, 6, 10, 2, 6]]), max_new_tokens=8, do_sample=False)
     assert [s.setup_s for s in model.last_generate_stats.rows] == [0, 0]
+
+
+class _Events:
+    """A streamer that records ``(name, "token" | "end")`` in a shared list, and sets ``started`` on its first
+    token after the prompt."""
+
+    def __init__(self, name, events):
+        self.name, self.events, self.started, self.puts = name, events, threading.Event(), 0
+
+    def put(self, value):
+        self.puts += 1
+        if self.puts > 1:  # the first put is the prompt
+            self.events.append((self.name, "token"))
+            self.started.set()
+
+    def end(self):
+        self.events.append((self.name, "end"))
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_short_request_is_not_held_behind_a_long_one(ov_int8, tok, alone, monkeypatch, native):
+    """Head-of-line: a long request runs (its first token is out) when a short one arrives from another thread; the
+    short one joins the engine between steps and ends first, and both give their output alone. ``native``: the
+    runner steps one token at a time, so that the long request runs in openvino_genai's engine (the native phase),
+    which yields to the arrival and the long row goes on in the engine."""
+    from xpuspec.runner import RunnerTraits
+
+    if native:
+        monkeypatch.setattr(ov_int8.runner, "traits", RunnerTraits(fixed_verify_width=True, batches=True))
+    long_ids, short_ids = tok(PROMPTS[3], return_tensors="pt").input_ids, tok(PROMPTS[1], return_tensors="pt").input_ids
+    long_alone = ov_int8.generate(long_ids, max_new_tokens=160, do_sample=False, eos_token_id=None)
+    short_alone = ov_int8.generate(short_ids, max_new_tokens=4, do_sample=False)
+    events, out, errors = [], {}, []
+    long_streamer = _Events("long", events)
+
+    def run(name, ids, streamer, **kwargs):
+        try:
+            out[name] = ov_int8.generate(ids, do_sample=False, streamer=streamer, **kwargs)
+            out[name + " engine"] = ov_int8.last_generate_stats.engine
+        except Exception as exc:  # reported below
+            errors.append(repr(exc))
+
+    long = threading.Thread(target=run, args=("long", long_ids, long_streamer),
+                            kwargs=dict(max_new_tokens=160, eos_token_id=None))
+    long.start()
+    assert long_streamer.started.wait(600)
+    run("short", short_ids, _Events("short", events), max_new_tokens=4)
+    long.join()
+    assert not errors, errors
+    assert events.index(("short", "end")) < events.index(("long", "end"))
+    assert ("long", "token") in events[events.index(("short", "end")):]  # the long one was still running
+    assert torch.equal(out["short"], short_alone)
+    if not native:
+        assert torch.equal(out["long"], long_alone)
+        return
+    # it began natively; its rest ran in the engine, whose 1-token steps on this runner compute as the patched
+    # traits say only where the CPU needs no padding: compare the tokens before the yield
+    assert out["long engine"] == "native, then xpuspec"
+    before = events.index(next(e for e in events if e[0] == "short"))
+    assert before < 160 and torch.equal(out["long"][0, :long_ids.shape[1] + before],
+                                        long_alone[0, :long_ids.shape[1] + before])

@@ -8,7 +8,7 @@ import torch
 from transformers import GenerationConfig
 
 from xpuspec import AutoModelForCausalLM
-from xpuspec.decode import decode
+from xpuspec.engine import decode
 from xpuspec.generation import resolve_generation_config
 from xpuspec.runner import RunnerTraits
 from xpuspec.speculative.drafters import ModelDrafter, PromptLookupDrafter

@@ -1,19 +1,20 @@
-"""The decode loop: plain and speculative decoding are one loop of rounds.
+"""A request's life, row by row: the per-row phase functions the engine (:mod:`xpuspec.engine`) runs.
 
-The target's prefill gives the first token. Then each round (:func:`decode_round`): the speculation policy says how
-many tokens to draft (:mod:`xpuspec.speculative.policy`); the drafter proposes them; the target verifies
-``[last token] + drafts`` in one pass; greedy acceptance or rejection sampling keeps a prefix of the drafts and adds
-the target's own next token (:mod:`xpuspec.speculative.verify`); the KV cache is rolled back past the rejected
-drafts; the tokens are emitted up to EOS, the length limit or a stop string; the drafter and the policy hear what
-the target kept. A round without drafts is a plain decode step.
+A :class:`Request` holds one request's tokens and what its rounds read and update. Its life: :func:`new_request`,
+:func:`begin_drafting` (before the target's prefill, which gives the first token through :func:`verify_and_emit`),
+then rounds: the speculation policy says how many tokens to draft (:mod:`xpuspec.speculative.policy`), the drafter
+proposes them, the target verifies ``[last token] + drafts`` in one pass, :func:`verify_and_emit` keeps a prefix of
+the drafts by greedy acceptance or rejection sampling and adds the target's own next token
+(:mod:`xpuspec.speculative.verify`), rolls the KV cache back past the rejected drafts and emits the tokens up to EOS,
+the length limit or a stop string; :func:`after_round` tells the drafter and the policy what the target kept. A
+round without drafts is a plain decode step. Then :func:`end_drafting` and :func:`finish_request`.
 
-Two backend traits shape a round (:class:`xpuspec.runner.RunnerTraits`). Where a backend runs its 1-token passes 2
-tokens wide, a greedy round without drafts puts a free guess from prompt lookup in the paid-for slot: verification
-keeps the output the plain output, and a confirmed guess is a token for nothing. Where a backend keeps one verify
-width, a round with drafts is padded to the widest so far in the request, the padding rolled back at once.
+Where a backend runs its 1-token passes 2 tokens wide, a greedy round without drafts puts a free guess from prompt
+lookup (:data:`GUESS_NGRAMS`) in the paid-for slot: verification keeps the output the plain output, and a confirmed
+guess is a token for nothing.
 
-Plain greedy decoding whose only processors are the length rules runs in the target's native engine where it has
-one (:meth:`xpuspec.runner.Runner.native_greedy`), and so does the rest of a request whose draft model stopped.
+Plain greedy decoding whose only processors are the length rules may run in the target's native engine where it has
+one (:func:`hand_over`, :meth:`xpuspec.runner.Runner.native_greedy`).
 """
 
 import time
@@ -24,11 +25,11 @@ import torch
 from transformers import GenerationConfig
 
 from .generation import GenerationStats, StopStrings, eos_ids, max_new_tokens, min_new_tokens
-from .runner import Runner, torch_on_one_thread
+from .runner import Runner
 from .scoring import Scorer, scorer_for
 from .speculative.drafters import NO_DRAFT, Drafter, DraftRequest, PromptLookupDrafter
-from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome, Widths
-from .speculative.profile import TargetCosts, measure_profile
+from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome
+from .speculative.profile import TargetCosts
 from .speculative.verify import accept_prefix, greedy_accept, rejection_sample
 
 #: The n-grams a plain step's free guess matches (3 down to 1): the guess costs nothing, so a 1-gram is worth it.
@@ -74,60 +75,6 @@ class Request:
     @property
     def produced(self) -> int:
         return len(self.context) - self.prompt_len
-
-
-def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer=None, drafter: Optional[Drafter] = None,
-           policy: Optional[RequestPolicy] = None, costs: Optional[TargetCosts] = None,
-           stop: Optional[StopStrings] = None, setup_s: float = 0.0):
-    """Generate after ``prompt`` with ``target``, speculatively when a ``drafter`` is given.
-
-    Args:
-        target: the target model; its KV cache is reset first.
-        prompt: prompt token ids (non-empty).
-        config: a validated GenerationConfig (greedy or sampling).
-        streamer: a transformers streamer, or ``None``.
-        drafter: proposes draft tokens; ``None`` decodes plainly.
-        policy: the request's speculation policy (required with a ``drafter``).
-        costs: the target's measured costs, kept on the model across requests (its profile is measured here
-            on the first speculative request with the cost model on).
-        stop: stop strings, or ``None``.
-        setup_s: seconds already spent preparing this request (counted in its stats).
-
-    Returns:
-        ``(new_tokens, scores, raw_logits, stats)``: generated ids; processed scores and raw logits per new token
-        (``[1, vocab]`` float32, filled only when ``output_scores`` / ``output_logits`` are set); the stats.
-    """
-    start = time.perf_counter()
-    costs = costs if costs is not None else TargetCosts()
-    req = new_request(prompt, config, streamer, drafter, policy, stop, setup_s)
-    with torch_on_one_thread([target, *(drafter.runners() if drafter is not None else ())]):
-        native = _native_greedy_applies(req) and stop is None
-        if drafter is None and native and _hand_over(target, req, costs, "native"):
-            return finish_request(req, start, costs)
-        first_drafter = drafter
-        begin_drafting(req, target.traits.single_step_width)
-        try:
-            target.reset()
-            t0 = time.perf_counter()
-            rows = target.forward(prompt, logits_to_keep=1)
-            req.stats.prefill_s, req.stats.target_forwards = time.perf_counter() - t0, 1
-            verify_and_emit(target, req, NO_DRAFT, rows, guessed=False)
-            if policy is not None and policy.schedule.cost_model and not target.traits.lockstep and not req.done:
-                if costs.profile is None:  # once per target; timings differ between a pipeline's ranks
-                    t0 = time.perf_counter()
-                    costs.profile = measure_profile(target, req.context[-1], policy.widest_needed())
-                    req.stats.setup_s += time.perf_counter() - t0
-                policy.profile = costs.profile
-            while not req.done:
-                if decode_round(target, req) is Decision.DROP_MODEL:
-                    drop_model(req)
-                    if req.drafter is None and native and _hand_over(target, req, costs, "native after speculation"):
-                        break
-        finally:
-            if first_drafter is not None:
-                first_drafter.end()
-        end_drafting(req, first_drafter)
-        return finish_request(req, start, costs)
 
 
 def new_request(prompt: List[int], config: GenerationConfig, streamer=None, drafter: Optional[Drafter] = None,
@@ -181,32 +128,6 @@ def after_round(req: Request, draft, accepted: int, guessed: bool, draft_s: floa
     return req.policy.report(outcome, req.produced, req.pad_to)
 
 
-def decode_round(target: Runner, req: Request) -> Decision:
-    """One round: propose, pad, verify, roll back, emit, report (see the module docstring)."""
-    room = req.limit - req.produced - 1  # drafts that can still become output
-    widths = req.policy.widths(req.produced, room, req.pad_to) if req.drafter is not None else Widths(0, 0)
-    t0 = time.perf_counter()
-    draft = req.drafter.propose(widths) if widths.model or widths.free else NO_DRAFT
-    guessed = not draft.tokens and req.guesser is not None and room > 0
-    if guessed:
-        draft = req.guesser.propose(Widths(0, target.traits.single_step_width - 1))
-    t1 = time.perf_counter()
-    verify = [req.context[-1]] + draft.tokens
-    padding = 0
-    if target.traits.fixed_verify_width and draft.tokens and not guessed:  # one input width for rounds with drafts
-        req.pad_to = max(req.pad_to, len(verify))
-        padding = req.pad_to - len(verify)
-    rows = target.forward(verify + [verify[-1]] * padding)[:len(verify)]
-    target.rollback(padding)
-    t2 = time.perf_counter()
-    stats = req.stats
-    stats.target_forwards += 1
-    stats.draft_s += t1 - t0
-    stats.verify_s += t2 - t1
-    accepted = verify_and_emit(target, req, draft, rows, guessed)
-    return after_round(req, draft, accepted, guessed, t1 - t0, t2 - t1, len(verify) + padding)
-
-
 def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, guessed: bool) -> int:
     """Judge ``draft`` by the target's ``rows`` (``[len(draft.tokens) + 1, vocab]``), roll back the rejected
     drafts, emit the kept tokens and the target's own, and count them; returns the drafts accepted."""
@@ -250,44 +171,56 @@ def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], r
     return len(tokens)
 
 
-def _native_greedy_applies(req: Request) -> bool:
-    """Plain greedy decoding without scores, logits or processors other than the length rules."""
-    return not (req.config.do_sample or req.config.output_scores or req.config.output_logits) and req.scorer.only_length_rules
+def native_greedy_applies(req: Request) -> bool:
+    """Plain greedy decoding without scores, logits, stop strings or processors other than the length rules."""
+    return not (req.config.do_sample or req.config.output_scores or req.config.output_logits) and \
+        req.scorer.only_length_rules and req.stop is None
 
 
-def _hand_over(target: Runner, req: Request, costs: TargetCosts, engine: str) -> bool:
-    """Let the target's native engine decode the rest of ``req``, where it has one and (once the loop decoded
-    part of the request) finishing there saves time; ``False`` where it does not decode."""
+def hand_over(target: Runner, req: Request, costs: TargetCosts, engine: str, check=lambda: None) -> bool:
+    """Let the target's native engine decode the rest of ``req``, where it has one and (once the engine decoded
+    part of the request) finishing there saves time; ``False`` where it does not decode. Each native token is
+    appended to the context and streamed as it comes; ``check()`` is called after each and may raise to stop the
+    native engine there (the exception propagates, the tokens so far are kept: the engine's native phase yields
+    to a job that arrived)."""
     remaining = req.limit - req.produced
     if req.produced and not costs.hand_over_pays(remaining, len(req.context)):
         return False
     arrivals = []
+    base = len(req.context)
+    t0 = time.perf_counter()
 
     def on_token(token: int) -> None:
         arrivals.append(time.perf_counter())
+        req.context.append(token)
+        if req.first_token_at is None:
+            req.first_token_at = arrivals[-1]
+            req.stats.prefill_s = arrivals[-1] - t0
         if req.streamer is not None:
             req.streamer.put(torch.tensor([token]))
+        check()
 
-    t0 = time.perf_counter()
-    new = target.native_greedy(list(req.context), remaining, max(0, req.min_new - req.produced), sorted(req.eos),
-                               on_token)
+    try:
+        new = target.native_greedy(req.context[:base], remaining, max(0, req.min_new - req.produced), sorted(req.eos),
+                                   on_token)
+    finally:
+        end = time.perf_counter()
+        req.stats.target_forwards += len(req.context) - base
+        req.stats.verify_s += end - t0
     if new is None:
         return False
-    end = time.perf_counter()
-    if not req.produced:
-        req.first_token_at = arrivals[0] if arrivals else end
-        req.stats.prefill_s = req.first_token_at - t0
     if len(arrivals) > 1:
         costs.native_step_s = (end - arrivals[0]) / (len(arrivals) - 1)
-    req.context.extend(new)
-    req.stats.target_forwards += len(new)
-    req.stats.verify_s += end - t0
+    req.context[base:] = new
     req.stats.engine = engine
+    req.done = True
     return True
 
 
-def finish_request(req: Request, start: float, costs: TargetCosts):
-    """Fill the request's stats and hand its output to the policy's memory; returns what :func:`decode` returns."""
+def finish_request(req: Request, start: float):
+    """Fill the request's stats and hand its output to the policy's memory; returns ``(new_tokens, scores,
+    raw_logits, stats)``: generated ids; processed scores and raw logits per new token (``[1, vocab]`` float32,
+    filled only when ``output_scores`` / ``output_logits`` are set); the stats."""
     end = time.perf_counter()
     stats = req.stats
     stats.new_tokens = req.produced

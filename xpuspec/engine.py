@@ -1,75 +1,123 @@
-"""The batched engine: many requests decoded together, their verify passes in one forward of the target.
+"""The engine: every request is a row of one :class:`Engine` per target, stepped by one :class:`EngineLoop`.
 
-An :class:`Engine` keeps live :class:`Job` s, each with its own tokens (:class:`xpuspec.decode.Request`), its own
-sequence on the target's block pool (:meth:`PagedRunner.open_sequence`-style runners: ``open_sequence`` and
-``forward_batch``), its drafter (a draft model drafts on a sequence of its own) and its policy. One :meth:`Engine.step`:
+A request alone is a batch of one; a batch ``[B, T]`` is B rows; concurrent callers' requests are rows of the same
+engine. There is no other decode path.
 
-1. admits waiting jobs whose KV blocks fit (prefill, one pass each, as a request alone does it);
-2. free drafts first (prompt lookup, suffix: looked up for every row), then the draft lengths of the whole batch by
-   goodput (:mod:`xpuspec.speculative.batch`), then the draft model's drafts, row by row;
-3. ONE ``forward_batch`` over every row's ``[last token] + drafts`` (a row shorter than the target's 1-token width
-   is padded, as a request alone pads it, so each row computes as it would alone);
-4. per row: greedy acceptance or rejection sampling, rollback of its own rejected drafts, emission, the policy's
-   report (:func:`xpuspec.decode.verify_and_emit`, :func:`xpuspec.decode.after_round`);
-5. finished rows (EOS, limit, stop string) leave and free their blocks.
+An :class:`Engine` keeps :class:`Job` s, each with its own tokens (:class:`xpuspec.decode.Request`), its own sequence
+on the target (``open_sequence`` of a runner that batches, the OpenVINO paged runner; a runner of one sequence, the
+torch backend, pipeline stages and the NPU, is an engine with one row through :class:`OneSequence`), its drafter
+(:meth:`xpuspec.speculative.drafters.Drafter.on_rows`: a draft model drafts on a sequence of its own) and its policy.
+One :meth:`Engine.step` runs these phases in order:
 
-A :class:`Batcher` turns concurrent callers into rows: each submits its jobs and waits; one caller at a time is
-elected driver, holds the models' locks, and steps the engine until its own jobs are done, then hands over.
+1. **admit** waiting jobs whose KV blocks fit; **prefill** them: a prompt in one pass while no row decodes, else in
+   chunks of :data:`PREFILL_CHUNK` tokens, one chunk per step, so that a long prompt does not stall running rows
+   (vLLM's chunked prefill; the chunks run between the decode steps). Plain greedy decoding of a lone row may run in
+   the target's native engine (:meth:`xpuspec.runner.Runner.native_greedy`), which yields to any job that arrives;
+2. **propose**: free drafts first (prompt lookup, suffix: looked up for every row), then the draft lengths of the
+   whole batch by goodput (:mod:`xpuspec.speculative.batch`), then the draft model's drafts, row by row; a row
+   without drafts on a target whose 1-token passes run 2 wide carries a free guess;
+3. **verify**: ONE ``forward_batch`` over every row's ``[last token] + drafts`` (a row shorter than the target's
+   1-token width is padded, as a request alone pads it, so each row computes as it would alone);
+4. **accept** and roll back, per row: greedy acceptance or rejection sampling, rollback of its own rejected drafts
+   (:func:`xpuspec.decode.verify_and_emit`);
+5. **emit**: the kept tokens to the row's context and streamer, up to EOS, the limit or a stop string;
+6. **report**: the drafter and the policy hear what the target kept (:func:`xpuspec.decode.after_round`); finished
+   rows leave and free their blocks.
+
+An :class:`EngineLoop` owns the engine in a background thread (started on first use, a daemon, stopped with
+:meth:`EngineLoop.stop`): callers submit jobs and wait on their own jobs' events.
 """
 
 import threading
 import time
+import weakref
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
 from .decode import (NO_DRAFT, Decision, Request, after_round, begin_drafting, drop_model, end_drafting,
-                     finish_request, verify_and_emit)
-from .errors import BatchNotSupportedError, KVBudgetError
+                     finish_request, hand_over, native_greedy_applies, verify_and_emit)
+from .errors import KVBudgetError
 from .runner import Runner, torch_on_one_thread
 from .speculative.batch import BATCH_SWEEP_WIDTHS, RowChoice, batch_draft_lengths
-from .speculative.drafters import Draft, Drafter, HybridDrafter, ModelDrafter
-from .speculative.overlap import OverlappedDrafter
+from .speculative.drafters import Draft, Drafter
 from .speculative.policy import Widths
-from .speculative.profile import TargetCosts, measure_profile
+from .speculative.profile import SWEEP_WIDTHS, TargetCosts, measure_profile
 
-#: The most rows one step verifies; more jobs wait.
-DEFAULT_MAX_BATCH = 16
-
-
-def check_batch_runner(runner: Runner, what: str = "batch > 1") -> None:
-    """Refuse a runner that runs one sequence at a time.
-
-    Raises:
-        BatchNotSupportedError: the runner's traits say it does not batch (no ``open_sequence`` / ``forward_batch``).
-    """
-    if not runner.traits.batches:
-        raise BatchNotSupportedError(
-            f"{what} needs a runner that verifies several sequences in one pass; this model's "
-            f"{type(runner).__name__} on {runner.device} runs one sequence at a time (the torch backend, pipeline "
-            "stages and the NPU do). Load the model on the OpenVINO backend on one CPU or GPU (paged attention, "
-            "the default there), or call generate once per prompt in a loop.")
+from .batching import DEFAULT_MAX_BATCH, PREFILL_CHUNK  # noqa: F401 - defined there, light for the CLI
 
 
-def on_sequences(drafter: Optional[Drafter], opened: List[Runner]) -> Optional[Drafter]:
-    """``drafter`` with each draft model drafting on a sequence of its own (appended to ``opened``); an overlapped
-    drafter drafts in the engine's thread instead (a sequence's passes share one compiled model).
+def batches(runner: Runner) -> bool:
+    """Whether ``runner`` verifies several sequences in one pass (``open_sequence`` and ``forward_batch``)."""
+    return runner.traits.batches and not runner.traits.lockstep
 
-    Raises:
-        BatchNotSupportedError: a draft model whose runner runs one sequence at a time.
-    """
-    if isinstance(drafter, OverlappedDrafter):
-        drafter = drafter.model
-    if isinstance(drafter, ModelDrafter):
-        check_batch_runner(drafter.runner, "a draft model in a batch")
-        seq = drafter.runner.open_sequence()
-        opened.append(seq)
-        return ModelDrafter(seq, drafter.vocab_size, drafter.context_length, drafter.extension)
-    if isinstance(drafter, HybridDrafter):
-        model = on_sequences(drafter.model, opened)
-        fallback = drafter.lookup if drafter.fallback is drafter.lookup else drafter.fallback
-        return HybridDrafter(drafter.lookup, model, fallback)
-    return drafter
+
+def profile_target(costs: TargetCosts, runner: Runner, token: int, widest: int, batched: bool) -> float:
+    """Measure the target's cost profile once into ``costs`` (the one place it is measured: at a speculative load
+    and on the first speculative row), on ``runner`` after its prefill; returns the seconds spent (0 when measured
+    already, or on a lockstep pipeline rank, whose timings differ between ranks). A runner that batches sweeps the
+    batch widths; where its KV budget has no room for them, the widths of a request alone."""
+    if runner.traits.lockstep or (costs.profile is not None and
+                                  (not batched or costs.profile.widest >= BATCH_SWEEP_WIDTHS[-1])):
+        return 0.0
+    t0 = time.perf_counter()
+    if batched:
+        try:
+            costs.profile = measure_profile(runner, token, BATCH_SWEEP_WIDTHS[-1], BATCH_SWEEP_WIDTHS)
+        except KVBudgetError:  # no room for the batch widths' passes: those of a request alone
+            costs.profile = costs.profile or measure_profile(runner, token, SWEEP_WIDTHS[-1], SWEEP_WIDTHS)
+    else:
+        costs.profile = measure_profile(runner, token, widest, SWEEP_WIDTHS)
+    return time.perf_counter() - t0
+
+
+class OneSequence(Runner):
+    """A runner of one sequence as the engine's sequences: :meth:`open_sequence` empties and hands out the runner
+    itself, :meth:`forward_batch` takes one part. An engine on it has one row (``max_batch`` 1)."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        for name in ("device", "vocab_size", "weight_bytes", "num_layers", "max_length", "max_prompt_len",
+                     "head_tokens"):
+            setattr(self, name, getattr(runner, name, None))
+
+    @property
+    def traits(self):
+        return self.runner.traits
+
+    @property
+    def length(self) -> int:
+        return self.runner.length
+
+    def open_sequence(self) -> "OneSequence":
+        self.runner.reset()
+        return self
+
+    def forward_batch(self, parts):
+        if len(parts) != 1:
+            raise ValueError(f"a runner of one sequence verifies one part per pass, got {len(parts)}.")
+        return [self.runner.forward(parts[0][1])]
+
+    def forward(self, tokens, logits_to_keep=None, exact=True):
+        return self.runner.forward(tokens, logits_to_keep, exact)
+
+    def native_greedy(self, *args, **kwargs):
+        return self.runner.native_greedy(*args, **kwargs)
+
+    def blocks_for(self, tokens: int) -> int:
+        return 0
+
+    def reserve(self, tokens: int) -> list:
+        return []
+
+    def rollback(self, n: int) -> None:
+        self.runner.rollback(n)
+
+    def reset(self) -> None:
+        self.runner.reset()
+
+    def close(self) -> None:
+        pass  # the KV cache stays as it is until the next open_sequence (a request alone left it so)
 
 
 @dataclass
@@ -77,48 +125,70 @@ class Job:
     """One request in the engine.
 
     Attributes:
-        prepare: makes its request (in the driver's thread, holding the models' locks: it reads the model's
+        prepare: makes its request (in the engine's thread, holding the models' locks: it reads the model's
             policies); ``req``: that request (``req.drafter`` is rebound to sequences of its own when admitted).
-        models: the xpuspec models it computes with (their locks are held while it runs).
-        result: ``(new, scores, logits, stats)`` once done; ``error``: what failed it.
+        models: the xpuspec models it computes with (their locks are held while it steps; those whose runner runs
+            one sequence at a time, for its whole life).
+        result: ``(new, scores, logits, stats)`` once done; ``error``: what failed it; ``done``: set then.
     """
 
-    prepare: Callable[[], Request]
+    prepare: Optional[Callable[[], Request]]
     models: tuple = ()
     req: Optional[Request] = None
     start: float = field(default_factory=time.perf_counter)
     seq: Optional[Runner] = None
     opened: List[Runner] = field(default_factory=list)
+    held: List[object] = field(default_factory=list)  # models whose locks this job holds for its life
+    claimed: List[Runner] = field(default_factory=list)  # runners of one sequence this job uses alone
     first_drafter: Optional[Drafter] = None
+    filled: bool = False  # prefilled: it decodes
+    catch_up: bool = False  # its sequence is behind its context (after the native phase yielded)
     result: Optional[tuple] = None
     error: Optional[BaseException] = None
+    cancelled: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def finished(self) -> bool:
         return self.result is not None or self.error is not None
 
+    def end(self, result: Optional[tuple] = None, error: Optional[BaseException] = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class _Busy(Exception):
+    """A runner of one sequence that another row holds: the job waits."""
+
+
+class _Yield(Exception):
+    """The native phase stops for a job that arrived."""
+
 
 class Engine:
-    """Live jobs on one target runner (see the module docstring). Not thread-safe: one driver steps it.
+    """Live jobs on one target runner (see the module docstring). Not thread-safe: one thread steps it.
 
     Args:
-        target: a runner with ``open_sequence`` and ``forward_batch``.
-        costs: the target's measured costs (a speculative load measures the batch widths; otherwise the profile is
-            measured here, on the first speculative job).
-        max_batch: the most rows a step verifies.
-
-    Raises:
-        BatchNotSupportedError: a runner that runs one sequence at a time.
+        target: any runner: one with ``open_sequence`` and ``forward_batch`` batches, any other has one row.
+        costs: the target's measured costs (a speculative load measures them; otherwise the profile is measured
+            here, on the first speculative job).
+        max_batch: the most rows a step verifies (1 on a runner of one sequence).
+        prefill_chunk: prompt tokens a row prefills per step while other rows decode.
     """
 
-    def __init__(self, target: Runner, costs: Optional[TargetCosts] = None, max_batch: int = DEFAULT_MAX_BATCH):
-        check_batch_runner(target)
-        self.target, self.costs, self.max_batch = target, costs if costs is not None else TargetCosts(), max_batch
+    def __init__(self, target: Runner, costs: Optional[TargetCosts] = None, max_batch: int = DEFAULT_MAX_BATCH,
+                 prefill_chunk: int = PREFILL_CHUNK):
+        self.target, self.costs = target, costs if costs is not None else TargetCosts()
+        self.batched = batches(target)
+        self.rows = target if self.batched else OneSequence(target)
+        self.max_batch = max_batch if self.batched else 1
+        self.prefill_chunk = prefill_chunk
         self.waiting: List[Job] = []
         self.live: List[Job] = []
         self.steps = 0
         self.widest = 0  # the most rows a step has verified
-        self.swept = False  # the batch-width sweep ran (once: a sequence without blocks for it sweeps 1-16)
+        self.interrupt: Callable[[], bool] = lambda: False  # whether jobs wait to join (ends the native phase)
+        self.lock_of: Callable[[object], object] = lambda model: None  # an xpuspec model's lock (the loop sets it)
 
     # -- joining ------------------------------------------------------------------------------------------------
     def tokens_needed(self, req: Request) -> int:
@@ -132,125 +202,174 @@ class Engine:
         Raises:
             KVBudgetError: its blocks exceed the whole KV budget (it could never run).
         """
-        budget = getattr(self.target, "kv_budget_blocks", None)
-        need = self.target.blocks_for(self.tokens_needed(job.req))
-        if budget is not None and need > budget:
-            raise KVBudgetError(self.target.budget_message(need, f"a request of {len(job.req.context)} prompt "
-                                                                 f"tokens and {job.req.limit} new tokens"))
+        budget = getattr(self.target, "kv_budget_blocks", None) if self.batched else None
+        if budget is not None:
+            need = self.target.blocks_for(self.tokens_needed(job.req))
+            if need > budget:
+                raise KVBudgetError(self.target.budget_message(need, f"a request of {len(job.req.context)} prompt "
+                                                                     f"tokens and {job.req.limit} new tokens"))
         self.waiting.append(job)
 
+    # -- phase 1: admit and prefill ------------------------------------------------------------------------------
     def _admit(self) -> None:
         while self.waiting and len(self.live) < self.max_batch:
             job = self.waiting[0]
-            seq = self.target.open_sequence()
+            try:
+                self._claim(job)
+            except _Busy:
+                return  # its runner of one sequence is free once a live job leaves
+            seq = self.rows.open_sequence()
             try:
                 seq.reserve(self.tokens_needed(job.req))
             except KVBudgetError:
                 seq.close()
                 if self.live:
+                    self._release(job)
                     return  # it fits once a live job leaves
-                self.target.reset()  # the runner's own sequence (batch-1 requests) gives its blocks back
+                self.target.reset()  # the runner's own sequence (model(...)) gives its blocks back
                 seq = self.target.open_sequence()
                 try:
                     seq.reserve(self.tokens_needed(job.req))
                 except KVBudgetError as exc:
                     seq.close()
                     self.waiting.pop(0)
-                    job.error = exc
+                    self._release(job)
+                    job.end(error=exc)
                     continue
             self.waiting.pop(0)
             job.seq = seq
+            self.live.append(job)
             try:
-                self._prefill(job)
+                self._begin(job)
             except Exception as exc:  # this job fails alone
-                self._close(job)
-                job.error = exc
+                self._fail(job, exc)
                 continue
             if job.req.done:
                 self._finish(job)
-            else:
-                self.live.append(job)
 
-    def _prefill(self, job: Job) -> None:
+    def _claim(self, job: Job) -> None:
+        """Hold for the job's life the locks of its models whose runners run one sequence at a time (so that no
+        other thread's call touches their KV cache between steps), and claim those runners in this engine."""
+        alone = [m for m in job.models if not self.batched or not batches(m.runner)]
+        runners = [m.runner for m in alone if m.runner is not self.target]
+        if any(r is c for r in runners for j in self.live for c in j.claimed):
+            raise _Busy()
+        for model in alone:
+            lock = self.lock_of(model)
+            if lock is not None:
+                lock.acquire()
+                job.held.append(lock)
+        job.claimed = runners
+
+    def _release(self, job: Job) -> None:
+        for lock in job.held:
+            lock.release()
+        job.held, job.claimed = [], []
+
+    def _begin(self, job: Job) -> None:
+        """Bind the job's drafter to its row, begin drafting; a plain greedy lone row may go native."""
         req = job.req
-        req.drafter = on_sequences(req.drafter, job.opened)
+        if self.batched:
+            req.drafter = None if req.drafter is None else req.drafter.on_rows(lambda r: self._open(job, r))
         job.first_drafter = req.drafter
         begin_drafting(req, self.target.traits.single_step_width)
-        t0 = time.perf_counter()
-        rows = job.seq.forward(list(req.context), logits_to_keep=1)
-        req.stats.prefill_s, req.stats.target_forwards = time.perf_counter() - t0, 1
-        verify_and_emit(job.seq, req, NO_DRAFT, rows, guessed=False)
-        policy = req.policy
-        if policy is not None and policy.schedule.cost_model and not req.done:
-            if not self.swept and (self.costs.profile is None or self.costs.profile.widest < BATCH_SWEEP_WIDTHS[-1]):
-                self.swept = True
-                t0 = time.perf_counter()
-                try:  # once per target, on the first speculative job's sequence
-                    self.costs.profile = measure_profile(job.seq, req.context[-1], widths=BATCH_SWEEP_WIDTHS)
-                except KVBudgetError:  # no room for the sweep's widest passes: the sweep of a single request
-                    self.costs.profile = self.costs.profile or measure_profile(job.seq, req.context[-1], 16)
-                req.stats.setup_s += time.perf_counter() - t0
-            policy.profile = self.costs.profile
+        if req.drafter is None and native_greedy_applies(req) and len(self.live) == 1 and not self.waiting:
+            self._native(job, "native")
 
-    # -- one step -----------------------------------------------------------------------------------------------
-    def step(self) -> None:
-        """Admit what fits, run one round for every live job, and let finished jobs leave."""
-        self._admit()
-        if not self.live:
-            return
-        self.steps += 1
-        jobs = list(self.live)
-        self.widest = max(self.widest, len(jobs))
+    def _open(self, job: Job, runner: Runner) -> Runner:
+        """A sequence of its own on a draft model's ``runner`` for ``job``'s drafter."""
+        seq = runner.open_sequence() if batches(runner) else OneSequence(runner).open_sequence()
+        job.opened.append(seq)
+        return seq
+
+    def _native(self, job: Job, name: str) -> None:
+        """The native phase: the target's own engine decodes the rest of the lone row's plain greedy request; it
+        yields (the row catches its sequence up by prefill) as soon as another job waits to join."""
+        def check() -> None:
+            if self.interrupt():
+                raise _Yield()
+
         try:
-            drafts, guessed, draft_s = self._draft(jobs)
-        except Exception as exc:  # a drafter failed: the rows of this step fail, the engine goes on
-            for job in jobs:
-                self._fail(job, exc)
-            self.live = []
-            return
-        width = self.target.traits.single_step_width
-        parts = []
-        for job, draft in zip(jobs, drafts):
-            verify = [job.req.context[-1]] + draft.tokens
-            parts.append((job.seq, verify + [verify[-1]] * max(0, width - len(verify))))
-        t1 = time.perf_counter()
-        try:
-            rows = self.target.forward_batch(parts)
-        except Exception as exc:  # every row of the pass fails
-            for job in jobs:
-                self._fail(job, exc)
-            self.live = []
-            return
-        verify_s = time.perf_counter() - t1
-        total = sum(len(p[1]) for p in parts)
-        profile = self.costs.profile
-        for job, draft, row, (_, fed), was_guess, d_s in zip(jobs, drafts, rows, parts, guessed, draft_s):
+            if hand_over(self.rows, job.req, self.costs, name, check):
+                job.filled = True
+        except _Yield:
             req = job.req
+            req.stats.engine = f"{name}, then xpuspec"
+            req.done = bool(req.new) and (req.new[-1] in req.eos or req.produced >= req.limit)
+        if job.req.produced and not job.req.done:
+            job.catch_up = True
+
+    def _prefill(self) -> None:
+        """One prefill pass per unfilled live job: the whole prompt while no row decodes, else one chunk."""
+        decoding = any(j.filled for j in self.live)
+        for job in [j for j in self.live if not j.filled]:
+            req = job.req
+            end = len(req.context) - (1 if job.catch_up else 0)
+            todo = end - job.seq.length
+            take = min(todo, self.prefill_chunk) if decoding else todo
+            t0 = time.perf_counter()
             try:
-                n = len(draft.tokens) + 1
-                job.seq.rollback(len(fed) - n)  # the padding
-                req.stats.target_forwards += 1
-                req.stats.verify_s += verify_s
-                accepted = verify_and_emit(job.seq, req, draft, row[:n], was_guess)
-                own_s = verify_s * profile.pass_s(len(fed)) / profile.pass_s(total) if profile else verify_s
-                if after_round(req, draft, accepted, was_guess, d_s, own_s, len(fed)) is Decision.DROP_MODEL:
-                    drop_model(req)
+                if take > 0:
+                    rows = job.seq.forward(req.context[job.seq.length:job.seq.length + take], logits_to_keep=1)
+                    req.stats.prefill_s += time.perf_counter() - t0
+                    req.stats.target_forwards += 1
+                if take < todo:
+                    decoding = True
+                    continue
+                job.filled = True
+                if not job.catch_up:
+                    verify_and_emit(job.seq, req, NO_DRAFT, rows, guessed=False)
+                self._ready(job)
             except Exception as exc:
                 self._fail(job, exc)
                 continue
             if req.done:
                 self._finish(job)
+            decoding = True
+
+    def _ready(self, job: Job) -> None:
+        """A prefilled speculative row gets the target's profile (measured here once)."""
+        req, policy = job.req, job.req.policy
+        if policy is not None and policy.schedule.cost_model and not req.done:
+            req.stats.setup_s += profile_target(self.costs, job.seq, req.context[-1], policy.widest_needed(),
+                                                self.batched)
+            policy.profile = self.costs.profile
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Run every phase once (see the module docstring)."""
+        self._admit()
+        self._prefill()
+        jobs = [j for j in self.live if j.filled and not j.finished]
+        self.live = [j for j in self.live if not j.finished]
+        if not jobs:
+            return
+        self.steps += 1
+        self.widest = max(self.widest, len(jobs))
+        try:
+            drafts, guessed, draft_s = self._propose(jobs)
+        except Exception as exc:  # a drafter failed: the rows of this step fail, the engine goes on
+            return self._fail_all(jobs, exc)
+        parts = self._parts(jobs, drafts, guessed)
+        t1 = time.perf_counter()
+        try:
+            rows = self._verify(jobs, parts)
+        except Exception as exc:  # every row of the pass fails
+            return self._fail_all(jobs, exc)
+        verify_s = time.perf_counter() - t1
+        self._accept(jobs, drafts, guessed, draft_s, parts, rows, verify_s)
         self.live = [j for j in self.live if not j.finished]
 
-    def _draft(self, jobs: Sequence[Job]):
-        """Every row's draft: free ones first, then lengths by goodput, then the draft model's."""
+    # -- phase 2: propose -----------------------------------------------------------------------------------------
+    def _propose(self, jobs: Sequence[Job]):
+        """Every row's draft: free ones first, then lengths by goodput, then the draft model's; else a free guess."""
         width = self.target.traits.single_step_width
         uppers, drafts, draft_s = [], [], []
         for job in jobs:
             req = job.req
             room = req.limit - req.produced - 1
             speculative = req.drafter is not None and req.policy is not None
-            upper = req.policy.widths(req.produced, room, 0) if speculative else Widths(0, 0)
+            upper = req.policy.widths(req.produced, room, req.pad_to) if speculative else Widths(0, 0)
             t0 = time.perf_counter()
             free = req.drafter.propose(Widths(0, upper.free)) if upper.free > 0 else NO_DRAFT
             uppers.append(upper)
@@ -287,7 +406,7 @@ class Engine:
                 cap, by_model = len(free.tokens), False
             else:
                 cap, by_model = (upper.model if job.req.drafter is not None and job.req.drafter.uses_model else 0), True
-            if policy is None or policy.profile is None or profile is None:
+            if policy is None or policy.profile is None or profile is None or len(jobs) == 1:
                 choices.append(None if cap == 0 or policy is None else cap)
                 continue
             guess = policy.guess_rate() if width > 1 and job.req.guesser is not None else 0.0
@@ -303,6 +422,61 @@ class Engine:
                     for k, row, job in zip(lengths, rows, jobs)]
         return [c.cap if isinstance(c, RowChoice) else (c or 0) for c in choices]
 
+    # -- phase 3: verify --------------------------------------------------------------------------------------------
+    def _parts(self, jobs, drafts, guessed):
+        """Every row's ``(sequence, [last token] + drafts + padding)``: padded to the target's 1-token width, and a
+        lone row with drafts to the widest so far where the target keeps one verify width."""
+        traits = self.target.traits
+        parts = []
+        for job, draft, guess in zip(jobs, drafts, guessed):
+            verify = [job.req.context[-1]] + draft.tokens
+            width = traits.single_step_width
+            if traits.fixed_verify_width and draft.tokens and not guess and len(jobs) == 1:
+                job.req.pad_to = width = max(job.req.pad_to, len(verify), width)
+            parts.append((job.seq, verify + [verify[-1]] * max(0, width - len(verify))))
+        return parts
+
+    def _verify(self, jobs, parts):
+        """ONE pass of the target over every row's part (a lone row through its sequence's own ``forward``, which
+        picks the compiled copy of its width); per row ``[len(part), vocab]`` float32. Drafters that declare
+        ``needs`` (outputs of the target besides logits, e.g. ``{"hidden_states"}``) get them per row through
+        :meth:`Drafter.observe`, from a ``forward_batch(parts, outputs=needs)`` that returns ``(rows, extras)``."""
+        needs = frozenset().union(*(j.req.drafter.needs for j in jobs if j.req.drafter is not None))
+        if needs:
+            rows, extras = self.rows.forward_batch(parts, outputs=needs)
+            for job, extra in zip(jobs, extras):
+                if job.req.drafter is not None and job.req.drafter.needs:
+                    job.req.drafter.observe(extra)
+            return rows
+        if len(parts) == 1:
+            return [parts[0][0].forward(parts[0][1])]
+        return self.rows.forward_batch(parts)
+
+    # -- phases 4-6: accept and roll back, emit, report ---------------------------------------------------------------
+    def _accept(self, jobs, drafts, guessed, draft_s, parts, rows, verify_s) -> None:
+        total = sum(len(p[1]) for p in parts)
+        profile = self.costs.profile
+        for job, draft, row, (_, fed), was_guess, d_s in zip(jobs, drafts, rows, parts, guessed, draft_s):
+            req = job.req
+            try:
+                n = len(draft.tokens) + 1
+                job.seq.rollback(len(fed) - n)  # the padding
+                req.stats.target_forwards += 1
+                req.stats.verify_s += verify_s
+                accepted = verify_and_emit(job.seq, req, draft, row[:n], was_guess)
+                own_s = verify_s * profile.pass_s(len(fed)) / profile.pass_s(total) if profile else verify_s
+                if after_round(req, draft, accepted, was_guess, d_s, own_s, len(fed)) is Decision.DROP_MODEL:
+                    drop_model(req)
+                    if req.drafter is None and native_greedy_applies(req) and len(self.live) == 1 \
+                            and not self.waiting and not req.done:
+                        self._native(job, "native after speculation")
+                        job.filled = not job.catch_up
+            except Exception as exc:
+                self._fail(job, exc)
+                continue
+            if req.done:
+                self._finish(job)
+
     # -- leaving ------------------------------------------------------------------------------------------------
     def _close(self, job: Job) -> None:
         if job.first_drafter is not None and not job.finished:
@@ -314,6 +488,7 @@ class Engine:
             if seq is not None:
                 seq.close()
         job.opened = []
+        self._release(job)
 
     def _finish(self, job: Job) -> None:
         req = job.req
@@ -321,91 +496,185 @@ class Engine:
             if job.first_drafter is not None:
                 job.first_drafter.end()
             end_drafting(req, job.first_drafter)
-            job.result = finish_request(req, job.start, self.costs)
+            result, error = finish_request(req, job.start), None
         except Exception as exc:
-            job.error = exc
-        finally:
-            job.first_drafter = None
-            self._close(job)
+            result, error = None, exc
+        job.first_drafter = None
+        self._close(job)
+        job.end(result, error)
 
     def _fail(self, job: Job, exc: BaseException) -> None:
         self._close(job)
-        job.error = exc
+        if not job.finished:
+            job.end(error=exc)
 
-    def cancel(self, job: Job) -> None:
-        """Take ``job`` out (a client that left); its blocks are freed."""
+    def _fail_all(self, jobs, exc: BaseException) -> None:
+        for job in jobs:
+            self._fail(job, exc)
+        self.live = [j for j in self.live if not j.finished]
+
+    def cancel(self, job: Job, error: Optional[BaseException] = None) -> None:
+        """Take ``job`` out (a caller that left); its blocks are freed."""
         if job in self.waiting:
             self.waiting.remove(job)
         if job in self.live:
             self.live.remove(job)
             self._close(job)
         if not job.finished:
-            job.error = RuntimeError("cancelled")
+            job.end(error=error or RuntimeError("cancelled"))
 
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.live
 
+    def run(self, jobs: Sequence[Job]) -> None:
+        """Step in the calling thread until ``jobs`` (already prepared) are finished: for tests and benchmarks that
+        drive an engine by hand; :class:`EngineLoop` is how models run it."""
+        for job in jobs:
+            if job.req is None:
+                job.req = job.prepare()
+            self.submit(job)
+        drafters = [j.req.drafter for j in jobs if j.req.drafter is not None]
+        with torch_on_one_thread([self.target, *(r for d in drafters for r in d.runners())]):
+            while not all(j.finished for j in jobs):
+                self.step()
 
-class Batcher:
-    """Concurrent callers' jobs become rows of one :class:`Engine` (see the module docstring).
+
+class EngineLoop:
+    """The one loop of a target model's :class:`Engine`: a daemon thread, started on first use, that steps the
+    engine while it has jobs. Callers :meth:`run` their jobs and wait on their own jobs' events.
 
     Args:
-        engine: the engine.
-        locks: the lock of an xpuspec model (``locks(model)``), held by the driver for every model its jobs use.
+        engine: the engine it owns.
+        lock_of: an xpuspec model's lock; the loop holds, while it steps, the locks of every model its jobs use.
     """
 
-    def __init__(self, engine: Engine, locks: Callable[[object], threading.RLock]):
-        self.engine, self.locks = engine, locks
+    def __init__(self, engine: Engine, lock_of: Callable[[object], object]):
+        self.engine, self.lock_of = engine, lock_of
+        engine.lock_of = lock_of
         self.cond = threading.Condition()
-        self.driving = False
-        self.pending: List[Job] = []  # submitted, not yet handed to the engine (the driver does that)
+        self.pending: List[Job] = []  # submitted, not yet handed to the engine (its thread does that)
+        self.cancelled: List[Job] = []
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+        engine.interrupt = lambda: bool(self.pending)
 
     @property
     def idle(self) -> bool:
         with self.cond:
-            return not self.driving and not self.pending and self.engine.idle
+            return not self.pending and self.engine.idle
 
     def run(self, jobs: Sequence[Job]) -> None:
-        """Submit ``jobs`` and return once they are finished (their ``result`` or ``error`` set); the calling
-        thread drives the engine while it is elected."""
+        """Submit ``jobs`` and return once they are finished (their ``result`` or ``error`` set). An exception in
+        the waiting thread (Ctrl-C's KeyboardInterrupt) cancels them and is raised again at once."""
         with self.cond:
+            if self._stopping:
+                raise RuntimeError("this model's engine was stopped; load the model again.")
             self.pending.extend(jobs)
+            self._start()
             self.cond.notify_all()
+        try:
+            for job in jobs:
+                while not job.done.wait(0.25):
+                    pass
+        except BaseException:
+            with self.cond:
+                self.cancelled.extend(j for j in jobs if not j.finished)
+                self.cond.notify_all()
+            raise
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="xpuspec-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread; jobs not finished fail. The loop cannot run again."""
+        with self.cond:
+            self._stopping = True
+            self.cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _loop(self) -> None:
         while True:
             with self.cond:
-                while self.driving and not all(j.finished for j in jobs):
+                while not (self._stopping or self.pending or self.cancelled or not self.engine.idle):
                     self.cond.wait()
-                if all(j.finished for j in jobs):
-                    return
-                self.driving = True
-            try:
-                self._drive(jobs)
-            finally:
-                with self.cond:
-                    self.driving = False
-                    self.cond.notify_all()
-
-    def _drive(self, mine: Sequence[Job]) -> None:
-        """Hold the locks of every model the live and pending jobs use (sorted by id, as the models' own
-        ``_exclusive`` does), and step until ``mine`` are finished."""
+                if self._stopping:
+                    break
+            self._step()
+        error = RuntimeError("the model's engine stopped")
         with self.cond:
-            models = {id(m): m for j in (*self.engine.live, *self.engine.waiting, *self.pending) for m in j.models}
+            for job in self.pending:
+                job.end(error=error)
+            self.pending = []
+        for job in [*self.engine.waiting, *self.engine.live]:
+            self.engine.cancel(job, error)
+
+    def _step(self) -> None:
+        """Hold the locks of every model the jobs use (sorted by id: two loops sharing models cannot deadlock), take
+        in what was submitted and cancelled, and step once."""
+        engine = self.engine
+        with self.cond:
+            jobs = [*engine.live, *engine.waiting, *self.pending]
+        models = {id(m): m for j in jobs for m in j.models}
         with ExitStack() as stack:
             for model in sorted(models.values(), key=id):
-                stack.enter_context(self.locks(model))
-            runners = [self.engine.target]
+                lock = self.lock_of(model)
+                if lock is not None:
+                    stack.enter_context(lock)
+            with self.cond:  # those submitted since whose models are all held join now, the others next step
+                joining = [j for j in self.pending if all(id(m) in models for m in j.models)]
+                self.pending = [j for j in self.pending if j not in joining]
+                cancelled, self.cancelled = self.cancelled, []
+            runners = [engine.target, *(r for j in jobs if j.req is not None and j.req.drafter is not None
+                                        for r in j.req.drafter.runners())]
             with torch_on_one_thread(runners):
-                while not all(j.finished for j in mine):
-                    with self.cond:
-                        joining = [j for j in self.pending if all(id(m) in models for m in j.models)]
-                        self.pending = [j for j in self.pending if j not in joining]
-                    for job in joining:
-                        try:
-                            job.req = job.prepare()
-                            self.engine.submit(job)
-                        except Exception as exc:  # this job fails alone; its caller raises it
-                            job.error = exc
-                    self.engine.step()
-                    with self.cond:
-                        self.cond.notify_all()
+                for job in cancelled:
+                    engine.cancel(job, KeyboardInterrupt())
+                for job in joining:
+                    if job.finished:
+                        continue
+                    try:
+                        job.req = job.prepare()
+                        engine.submit(job)
+                    except Exception as exc:  # this job fails alone; its caller raises it
+                        job.end(error=exc)
+                try:
+                    engine.step()
+                except Exception as exc:  # a defect of the engine: fail its jobs rather than the loop
+                    for job in [*engine.waiting, *engine.live]:
+                        engine.cancel(job, exc)
+
+
+def decode(target: Runner, prompt: List[int], config, streamer=None, drafter: Optional[Drafter] = None,
+           policy=None, costs: Optional[TargetCosts] = None, stop=None, setup_s: float = 0.0):
+    """Generate after ``prompt`` with ``target`` as the one row of an engine stepped in the calling thread (for
+    tests and benchmarks on bare runners; models run their :class:`EngineLoop`).
+
+    Args:
+        target: the target model (any runner); prompt: prompt token ids (non-empty); config: a validated
+        GenerationConfig; streamer: a transformers streamer or ``None``; drafter, policy: speculation (a policy is
+        required with a drafter); costs: the target's measured costs; stop: stop strings; setup_s: seconds spent
+        preparing (counted in the stats).
+
+    Returns:
+        ``(new_tokens, scores, raw_logits, stats)`` as :func:`xpuspec.decode.finish_request` gives them.
+    """
+    from .decode import new_request
+
+    engine = Engine(target, costs, max_batch=1)
+    job = Job(None, req=new_request(prompt, config, streamer, drafter, policy, stop, setup_s))
+    engine.run([job])
+    if job.error is not None:
+        raise job.error
+    return job.result
+
+
+def loop_for(model, make: Callable[[], EngineLoop]) -> EngineLoop:
+    """``make()``, stopped when ``model`` is collected (the loop holds no reference to it)."""
+    loop = make()
+    weakref.finalize(model, loop.stop)
+    return loop

@@ -25,7 +25,6 @@ from transformers.generation import (
 )
 
 from .errors import GenerationConfigError
-from .speculative.policy import AcceptanceCounts
 
 
 #: GenerationConfig fields xpuspec does not implement; setting one away from its default raises.
@@ -44,6 +43,29 @@ TRANSFORMERS_DEFAULT_NEW_TOKENS = 20
 
 #: Values that leave an option off, whatever its declared default.
 _OFF = (None, False, 0, [], ())
+
+
+@dataclass
+class PositionCounts:
+    """Per draft position (index 0: position 1), the rounds that judged a draft there and the rounds that accepted
+    it (drafts are judged up to the first rejection)."""
+
+    judged: List[float] = field(default_factory=list)
+    accepted: List[float] = field(default_factory=list)
+
+    def copy(self) -> "PositionCounts":
+        return type(self)(list(self.judged), list(self.accepted))
+
+    def add_round(self, drafted: int, accepted: int) -> None:
+        """One round that drafted ``drafted`` tokens, of which the target accepted ``accepted``."""
+        judged = accepted + (accepted < drafted)
+        grow = judged - len(self.judged)
+        if grow > 0:
+            self.judged += [0.0] * grow
+            self.accepted += [0.0] * grow
+        for j in range(judged):
+            self.judged[j] += 1
+            self.accepted[j] += j < accepted
 
 
 @dataclass
@@ -93,7 +115,7 @@ class GenerationStats:
     verify_s: float = 0.0
     prefill_s: float = 0.0
     draft_busy_s: float = 0.0
-    acceptance_counts: Optional[AcceptanceCounts] = None
+    acceptance_counts: Optional[PositionCounts] = None
     engine: str = "xpuspec"
     draft_model_stopped_after: Optional[int] = None
     draft_model_skipped: bool = False
@@ -333,7 +355,7 @@ def batch_stats(rows: List[GenerationStats]) -> GenerationStats:
     counts = [r.acceptance_counts for r in rows if r.acceptance_counts is not None]
     if counts:
         size = max(len(c.judged) for c in counts)
-        total.acceptance_counts = AcceptanceCounts(
+        total.acceptance_counts = PositionCounts(
             [sum(c.judged[i] for c in counts if i < len(c.judged)) for i in range(size)],
             [sum(c.accepted[i] for c in counts if i < len(c.accepted)) for i in range(size)])
     total.engine = "xpuspec batch"

@@ -16,9 +16,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import METADATA_FILE, atomic_folder, read_metadata, refuse_replacing_anything_kept
 from .devices import resolve_device
-from .errors import KVBudgetError, LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
-from .decode import decode
-from .engine import DEFAULT_MAX_BATCH
+from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
+from .batching import DEFAULT_MAX_BATCH
 from .generation import (GenerationStats, batch_stats, check_max_length, pack_batch_output, pack_output, resolve_generation_config,
                          stop_strings)
 from .hf_folder import check_tokenizer_files
@@ -31,8 +30,7 @@ from .stages import check_split, resolve_stage_devices, torchrun_pipeline
 from .speculative.config import SpeculativeConfig, resolve_speculative
 from .speculative.layerskip import layer_skip_draft
 from .speculative.policy import PolicyBook
-from .speculative.batch import BATCH_SWEEP_WIDTHS
-from .speculative.profile import SWEEP_WIDTHS, TargetCosts, measure_profile
+from .speculative.profile import SWEEP_WIDTHS, TargetCosts
 from .speculative.resident import ReleasableRunner, rss_bytes
 from .speculative.pairing import check_draft, check_vocabularies, plan_speculation
 from .speculative.vocab import DEFAULT_DRAFT_VOCAB_SIZE, frequent_tokens
@@ -92,9 +90,9 @@ class XpuspecModelForCausalLM:
         self._policies = PolicyBook(runner.traits.single_step_width)  # speculation across requests, per drafter
         self._costs = TargetCosts()  # what the runner's passes cost, once measured
         self._suffix_cache = None  # SuffixDecoding's outputs of earlier requests, made on first use
-        self._lock = threading.RLock()  # one request at a time on this model's runner (see generate)
-        self._batcher_lock = threading.Lock()
-        self._batcher_obj = None  # concurrent calls' rows in one engine (xpuspec.engine.Batcher), made on first use
+        self._lock = threading.RLock()  # held by the engine's thread while it steps with this model, and by model(...)
+        self._loop_lock = threading.Lock()
+        self._loop = None  # the engine's loop (xpuspec.engine.EngineLoop), made on first use
 
     @property
     def device_map(self):
@@ -243,59 +241,8 @@ class XpuspecModelForCausalLM:
         if batch is not None:
             return self._generate_rows(*batch, generation_config, streamer, assistant_model, spec_args, speculative,
                                        tokenizer, kwargs)
-        if self.can_batch(assistant_model):  # a call while another runs joins it as a row of one batch
-            with self._solo(assistant_model, self.draft_model) as alone:
-                if alone:
-                    return self._generate(input_ids, generation_config, streamer, assistant_model,
-                                          *spec_args, speculative, tokenizer, kwargs)
-            return self._generate_rows(input_ids, [input_ids[0].tolist()], None, generation_config, streamer,
-                                       assistant_model, spec_args, speculative, tokenizer, kwargs)
-        with self._exclusive(assistant_model, self.draft_model):
-            return self._generate(input_ids, generation_config, streamer, assistant_model, prompt_lookup_num_tokens,
-                                  num_assistant_tokens, num_assistant_tokens_schedule,
-                                  assistant_confidence_threshold, speculative, tokenizer, kwargs)
-
-    @contextmanager
-    def _exclusive(self, *others):
-        """Hold this model's lock and those of ``others`` (xpuspec models or ``None``), in one global order so
-        that two threads pairing the same models the other way round cannot deadlock."""
-        models = sorted({id(m): m for m in (self, *others) if m is not None}.values(), key=id)
-        with ExitStack() as stack:
-            for model in models:
-                stack.enter_context(model._lock)
-            yield
-
-    def _generate(self, input_ids, generation_config, streamer, assistant_model, prompt_lookup_num_tokens,
-                  num_assistant_tokens, num_assistant_tokens_schedule, assistant_confidence_threshold,
-                  speculative, tokenizer, kwargs):
-        """:meth:`generate` once its arguments' types are checked, holding the models' locks."""
-        if speculative is not None and not isinstance(speculative, bool):
-            raise TypeError(f"speculative must be True, False or None, got {speculative!r}.")
-        if speculative and self.speculative_config is None and assistant_model is None \
-                and prompt_lookup_num_tokens is None:
-            raise SpeculativeConfigError(
-                "generate(speculative=True) on a model loaded without speculation has nothing to draft with: load it "
-                "with from_pretrained(..., speculative=...), or pass assistant_model= or prompt_lookup_num_tokens=.")
-        plan = plan_speculation(
-            self, None if speculative is False else self.speculative_config, speculative is not False,
-            assistant_model, prompt_lookup_num_tokens, num_assistant_tokens, num_assistant_tokens_schedule,
-            assistant_confidence_threshold)
-        config = resolve_generation_config(self.generation_config, generation_config, kwargs)
-        stop = stop_strings(config, tokenizer)
-        check_max_length(config, input_ids.shape[1])
-        context = self._context_length()
-        check_fits(input_ids.shape[1], context, self.runner.max_prompt_len, self.device_name)
-        clamp_to_context(config, input_ids.shape[1], context)
-        plan, policy, setup_s, skipped = self._policy_for(plan, config)
-        if streamer is not None:
-            streamer.put(input_ids.cpu())
-        new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer,
-                                         None if plan is None else plan.drafter, policy, self._costs, stop, setup_s)
-        stats.draft_model_skipped = skipped
-        if streamer is not None:
-            streamer.end()
-        self.last_generate_stats = stats
-        return pack_output(input_ids, new, scores, raw, config)
+        return self._generate_rows(input_ids, [input_ids[0].tolist()], None, generation_config, streamer,
+                                   assistant_model, spec_args, speculative, tokenizer, kwargs)
 
     def _policy_for(self, plan, config, target_steps: bool = True):
         """``(plan, policy, setup_s, skipped)`` of one request: the policy of ``plan``'s drafter, the plan without
@@ -333,44 +280,35 @@ class XpuspecModelForCausalLM:
 
     def can_batch(self, assistant_model=None) -> bool:
         """Whether this model, its draft model and ``assistant_model`` verify several sequences in one pass (the
-        engine's runners: OpenVINO's paged runner), so that batches and concurrent calls run as rows of one batch."""
-        return all(m.runner.traits.batches and not m.runner.traits.lockstep
-                   for m in (self, assistant_model, self.draft_model) if m is not None)
+        OpenVINO paged runner), so that batches and concurrent calls verify as rows of one pass; elsewhere the
+        engine has one row, and they run one after another through it."""
+        from .engine import batches
 
-    def _batcher(self):
-        """This model's :class:`xpuspec.engine.Batcher`, made on first use."""
-        from .engine import Batcher, Engine
+        return all(batches(m.runner) for m in (self, assistant_model, self.draft_model) if m is not None)
 
-        with self._batcher_lock:
-            if self._batcher_obj is None:
-                self._batcher_obj = Batcher(Engine(self.runner, self._costs, self.max_batch), lambda model: model._lock)
-            return self._batcher_obj
+    def _engine_loop(self):
+        """This model's :class:`xpuspec.engine.EngineLoop`, made (with its engine) on first use."""
+        from .engine import Engine, EngineLoop, loop_for
 
-    @contextmanager
-    def _solo(self, *others):
-        """Yield whether this call may run alone as before (batch 1): no batch is running or waiting and every
-        model's lock is free at once; the locks are then held inside the block (never waited for here)."""
-        models = sorted({id(m): m for m in (self, *others) if m is not None}.values(), key=id)
-        if self._batcher_obj is not None and not self._batcher_obj.idle:
-            yield False
-            return
-        with ExitStack() as stack:
-            for model in models:
-                if not model._lock.acquire(blocking=False):
-                    yield False
-                    return
-                stack.callback(model._lock.release)
-            yield True
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = loop_for(self, lambda: EngineLoop(Engine(self.runner, self._costs, self.max_batch),
+                                                                _lock_of))
+            return self._loop
+
+    def close(self) -> None:
+        """Stop this model's engine thread (it stops by itself when the model is collected)."""
+        with self._loop_lock:
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
 
     def _generate_rows(self, ids, prompts, side, generation_config, streamer, assistant_model, spec_args,
                        speculative, tokenizer, kwargs):
         """:meth:`generate` for ``prompts`` (one per row of ``ids``), as rows of this model's engine."""
         from .decode import new_request
-        from .engine import Job, check_batch_runner
+        from .engine import Job
 
-        for model in (self, assistant_model, self.draft_model):
-            if model is not None:
-                check_batch_runner(model.runner, f"generate with a batch of {len(prompts)}")
         if speculative is not None and not isinstance(speculative, bool):
             raise TypeError(f"speculative must be True, False or None, got {speculative!r}.")
         if speculative and self.speculative_config is None and assistant_model is None and spec_args[0] is None:
@@ -389,11 +327,11 @@ class XpuspecModelForCausalLM:
             configs.append(config)
 
         def prepare(prompt, config, row_streamer):
-            def make():  # in the driver's thread, holding the models' locks
+            def make():  # in the engine's thread, holding the models' locks
                 plan = plan_speculation(
                     self, None if speculative is False else self.speculative_config, speculative is not False,
                     assistant_model, *spec_args)
-                plan, policy, setup_s, skipped = self._policy_for(plan, config, target_steps=False)
+                plan, policy, setup_s, skipped = self._policy_for(plan, config)
                 req = new_request(prompt, config, row_streamer, None if plan is None else plan.drafter, policy,
                                   stop, setup_s)
                 req.stats.draft_model_skipped = skipped
@@ -404,7 +342,7 @@ class XpuspecModelForCausalLM:
         jobs = [Job(prepare(p, c, streamer), models) for p, c in zip(prompts, configs)]
         if streamer is not None:
             streamer.put(ids.cpu())
-        self._batcher().run(jobs)
+        self._engine_loop().run(jobs)
         if streamer is not None:
             streamer.end()
         failed = next((j.error for j in jobs if j.error is not None), None)
@@ -427,17 +365,13 @@ class XpuspecModelForCausalLM:
             for runner in chosen.drafter.runners() or [self.runner]:
                 runner.expect_mixed_widths()
         if plan.schedule.cost_model and not self.runner.traits.lockstep:
+            from .engine import profile_target
+
             token = self.generation_config.bos_token_id or 0
             token = token if isinstance(token, int) else 0
             self.runner.reset()
             self.runner.forward([token] * PROFILE_CONTEXT, logits_to_keep=1)
-            widths = BATCH_SWEEP_WIDTHS if self.can_batch() else SWEEP_WIDTHS  # so a batch does not sweep again
-            try:
-                self._costs.profile = measure_profile(self.runner, token, widths[-1], widths)
-            except KVBudgetError:  # no room for the batch widths: a batch's first speculative row sweeps them
-                self.runner.reset()
-                self.runner.forward([token] * PROFILE_CONTEXT, logits_to_keep=1)
-                self._costs.profile = measure_profile(self.runner, token)
+            profile_target(self._costs, self.runner, token, SWEEP_WIDTHS[-1], self.can_batch())
             self.runner.reset()
 
     def __call__(self, input_ids=None, attention_mask=None, labels=None, past_key_values=None,
@@ -720,6 +654,11 @@ class AutoModelForCausalLM:
             raise ModelSourceError(f"{path} was not written by save_low_bit or `xpuspec export` (no low_bit in {METADATA_FILE}).")
         return cls.from_pretrained(path, device=device, backend=backend, ov_config=ov_config, speculative=speculative,
                                    draft_low_bit=draft_low_bit, draft_device=draft_device)
+
+
+def _lock_of(model: XpuspecModelForCausalLM) -> threading.RLock:
+    """The lock the engine holds while it computes with ``model``'s runner."""
+    return model._lock
 
 
 def _with_gguf_file(name_or_path, gguf_file: Optional[str]):

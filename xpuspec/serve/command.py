@@ -11,10 +11,8 @@ import signal
 import socket
 from dataclasses import replace
 
+from ..batching import DEFAULT_MAX_BATCH  # requests decoded together when --max-batch is not given
 from .admission import DEFAULT_MAX_QUEUE
-
-#: Requests decoded together when --max-batch is not given (on a backend that batches).
-DEFAULT_MAX_BATCH = 8
 
 log = logging.getLogger("xpuspec.serve")
 

@@ -70,6 +70,11 @@ class Drafter(ABC):
     #: Some of its rounds run a draft model (the policy judges whether they pay).
     uses_model: bool = False
 
+    #: Outputs of the target's verify pass it needs besides logits (e.g. ``frozenset({"hidden_states"})`` for a
+    #: trained draft head): the engine asks ``forward_batch(parts, outputs=needs)`` for them and hands each row's to
+    #: :meth:`observe`. Empty: logits only.
+    needs: frozenset = frozenset()
+
     def begin(self, request: DraftRequest) -> None:
         """Start a request; called before the target's prefill."""
         self.request = request
@@ -88,6 +93,15 @@ class Drafter(ABC):
     def without_model(self) -> Optional["Drafter"]:
         """What drafts once the policy stops the draft model: the free part of a hybrid, else ``None``."""
         return None if self.uses_model else self
+
+    def on_rows(self, open_sequence: Callable[[Runner], Runner]) -> "Drafter":
+        """This drafter for one row of a batch: where it computes with a model, a copy whose model drafts on a
+        sequence of its own (``open_sequence(runner)``, which the engine closes when the row leaves); a drafter
+        without a model returns itself (it keeps no KV cache)."""
+        return self
+
+    def observe(self, outputs: dict) -> None:
+        """The target's verify-pass outputs of this row named in :attr:`needs` (called before acceptance)."""
 
     def runners(self) -> List[Runner]:
         """The model runners it computes with."""
@@ -176,6 +190,9 @@ class ModelDrafter(Drafter):
 
     def runners(self) -> List[Runner]:
         return [self.runner]
+
+    def on_rows(self, open_sequence: Callable[[Runner], Runner]) -> "ModelDrafter":
+        return ModelDrafter(open_sequence(self.runner), self.vocab_size, self.context_length, self.extension)
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
@@ -282,6 +299,10 @@ class HybridDrafter(Drafter):
 
     def without_model(self) -> Drafter:
         return self.fallback
+
+    def on_rows(self, open_sequence: Callable[[Runner], Runner]) -> "HybridDrafter":
+        fallback = self.lookup if self.fallback is self.lookup else self.fallback
+        return HybridDrafter(self.lookup, self.model.on_rows(open_sequence), fallback)
 
     def runners(self) -> List[Runner]:
         return self.model.runners()

@@ -91,6 +91,11 @@ class OverlappedDrafter(Drafter):
     def runners(self):
         return self.model.runners()
 
+    def on_rows(self, open_sequence) -> Drafter:
+        """In a batch the draft model drafts in the engine's thread (a sequence's passes share one compiled
+        model with the other rows')."""
+        return self.model.on_rows(open_sequence)
+
     def propose(self, widths: Widths) -> Draft:
         """Up to ``widths.model`` tokens the worker drafted after the context; waits for the first one."""
         if widths.model <= 0:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import List, Optional, Sequence
 
+from ..generation import PositionCounts
 from .profile import CostProfile, round_costs
 from .schedule import DraftSchedule
 
@@ -104,26 +105,12 @@ class RoundOutcome:
 
 
 @dataclass
-class AcceptanceCounts:
-    """Rounds that judged a draft at each position (index 0: position 1) and rounds that accepted it; floats,
-    since earlier requests weigh less (:data:`DECAY`)."""
-
-    judged: List[float] = field(default_factory=list)
-    accepted: List[float] = field(default_factory=list)
+class AcceptanceCounts(PositionCounts):
+    """:class:`xpuspec.generation.PositionCounts` as the policy weighs them: floats, since earlier requests weigh
+    less (:data:`DECAY`)."""
 
     def copy(self) -> "AcceptanceCounts":
         return AcceptanceCounts(list(self.judged), list(self.accepted))
-
-    def add_round(self, drafted: int, accepted: int) -> None:
-        """Drafts are judged up to the first rejection."""
-        judged = accepted + (accepted < drafted)
-        grow = judged - len(self.judged)
-        if grow > 0:
-            self.judged += [0.0] * grow
-            self.accepted += [0.0] * grow
-        for j in range(judged):
-            self.judged[j] += 1
-            self.accepted[j] += j < accepted
 
     def decayed_plus(self, new: "AcceptanceCounts") -> "AcceptanceCounts":
         """``new`` plus these counts weighed by :data:`DECAY`, position by position."""
