@@ -557,7 +557,7 @@ class EngineLoop:
         self.cancelled: List[Job] = []
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
-        engine.interrupt = lambda: bool(self.pending)
+        engine.interrupt = lambda: bool(self.pending or self.cancelled)
 
     @property
     def idle(self) -> bool:
