@@ -12,7 +12,8 @@ Settings, each loaded whole (``cpu``) and split over two CPU devices (``cpu,cpux
 
 Each round times every setting once (greedy, ``--new`` tokens on each prompt, the order rotating by round), and
 prints median tokens/s (min-max) with ``/proc/loadavg``; then sliding-window perplexity on the evaluation corpus
-(:mod:`xpuspec.perplexity`); and per prompt the first new token where the greedy text parts from its own
+(:mod:`xpuspec.perplexity`); how far passes of 1, 2 and 8 tokens part through each split (:func:`.numerics.probe`,
+also for the stateful stages with dynamic quantization on); and per prompt the first new token where the greedy text parts from its own
 whole model's (the stateful stages: against the paged whole model without dynamic quantization), and from the
 default whole model's.
 """
@@ -100,6 +101,24 @@ def main() -> None:
         with torch.no_grad():
             values = [perplexity(models[key], text, context=512, stride=256) for text in corpus.values()]
         print(f"| {key[0]} | {key[1]} | " + " | ".join(f"{v:.4f}" for v in values) + " |")
+
+    # why the stages left the stateful model: its passes of different widths must compute alike for any padding to help
+    from xpuspec_openvino import numerics
+
+    models["stateful stages, dynamic quantization (padding alone)", "cpu,cpux"] = AutoModelForCausalLM.from_pretrained(
+        args.model, device="cpu,cpux", load_in_low_bit=args.format,
+        ov_config={"ATTENTION_BACKEND": "SDPA", "DYNAMIC_QUANTIZATION_GROUP_SIZE": ov.Core().get_property(
+            "CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE")})
+    print("\n| setting | devices | largest logit difference, 1-token against 2-token passes | 2-token against "
+          f"{numerics.WIDEST_COMPARED}-token passes |")
+    print("|---|---|---|---|")
+    for key, model in models.items():
+        if key[1] == "cpu":
+            continue
+        r = model.runner
+        found = numerics.probe(lambda t: r.forward(t, exact=False), r.rollback, r.reset,
+                               numerics.probe_tokens(r.folder, r.vocab_size))
+        print(f"| {key[0]} | {key[1]} | {found.one_vs_two:.3g} | {found.two_vs_wide:.3g} |")
 
 
 if __name__ == "__main__":
