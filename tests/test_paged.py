@@ -101,8 +101,12 @@ def test_native_engine_gives_the_loops_tokens(exact_paged, tokenizer, monkeypatc
 
 
 def test_attention_backend_option_is_checked(smollm2_path):
-    with pytest.raises(PipelineConfigError, match="ATTENTION_BACKEND='PA'"):
-        AutoModelForCausalLM.from_pretrained(MODEL, device="cpu,cpu", ov_config={"ATTENTION_BACKEND": "PA"})
+    from xpuspec_openvino import uses_paged_attention
+
+    assert uses_paged_attention(None, ["cpu", "cpu"]) and uses_paged_attention("pa", ["cpu", "gpu.1"])  # stages too
+    assert not uses_paged_attention("SDPA", ["cpu"]) and not uses_paged_attention(None, ["npu"])
+    with pytest.raises(PipelineConfigError, match="ATTENTION_BACKEND='PA' cannot run on npu: the NPU runs"):
+        uses_paged_attention("PA", ["npu"])
     with pytest.raises(ValueError, match="use 'PA'"):
         AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", ov_config={"ATTENTION_BACKEND": "paged"})
 

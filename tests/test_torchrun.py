@@ -84,6 +84,32 @@ def test_split_smollm2_matches_single_process(smollm2_path, tmp_path):
     assert max(stages) < whole and sum(stages) == whole + embed
 
 
+def test_three_stages_compute_the_single_process_function(smollm2_path, tmp_path):
+    """Issue 42 on the torch backend: SmolLM2 fp32 over 3 ranks (10 layers each) gives the prompt logits of the
+    single-process model computed on as many threads as a rank (torchrun's OMP_NUM_THREADS=1) bit for bit, and its
+    greedy text (plain and prompt lookup) on every test prompt."""
+    from conftest import PROMPTS as ALL_PROMPTS
+
+    out = tmp_path / "pipeline3.pt"
+    done = _torchrun(WORKER, MODEL, out, 3, "10,10,10", 32, *ALL_PROMPTS, nproc=3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [torch.load(out)] + [torch.load(f"{out}.rank{r}") for r in (1, 2)]
+    assert [m["layers"] for m in ranks[0]["device_map"]] == [[0, 10], [10, 20], [20, 30]]
+    single = AutoModelForCausalLM.from_pretrained(MODEL, backend="torch", load_in_low_bit="fp32", device="cpu")
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i, prompt in enumerate(ALL_PROMPTS):
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            assert torch.equal(ranks[0]["logits"][i], single(ids).logits[0]), prompt
+            greedy = single.generate(ids, max_new_tokens=32, do_sample=False)[0].tolist()
+            for rank in ranks:
+                assert rank["greedy"][i] == greedy and rank["lookup"][i] == greedy, prompt
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_cli_prints_on_rank_0_only(tiny):
     done = _torchrun("-m", "xpuspec", "generate", "--model", tiny, "--backend", "torch", "--low-bit", "none",
                      "--pipeline-parallel-stages", "2", "--verbose", "--max-new-tokens", "8",

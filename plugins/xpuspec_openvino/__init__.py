@@ -64,10 +64,12 @@ def compile_config(device: str, user_config: Optional[dict] = None, paged: bool 
     - ``INFERENCE_PRECISION_HINT=f32``: the bf16 default of CPUs with AVX512-BF16 or AMX refuses an
       f32 KV cache in paged attention. With ``bf16`` (the ``bf16`` format, :func:`check_bf16`) both the inference
       precision and the KV cache are bf16, which paged attention takes together.
-    - Dynamic quantization (the default on CPUs with AVX512-VNNI or AMX) stays on for the paged runner
-      (``paged``), which pads its 1-token passes where they compute differently from wider ones
-      (:mod:`.paged`); the stateful model, whose padding would cost dead KV slots, runs with
-      ``DYNAMIC_QUANTIZATION_GROUP_SIZE=0``.
+    - Dynamic quantization (the default on CPUs with AVX512-VNNI or AMX) stays on for paged attention
+      (``paged``: a whole model and pipeline stages alike, so both compute one function), which pads its 1-token
+      passes where they compute differently from wider ones (:mod:`.paged`). The stateful model
+      (``ATTENTION_BACKEND="SDPA"``) runs with ``DYNAMIC_QUANTIZATION_GROUP_SIZE=0``: its SDPA rounds differently by
+      query width, which dynamic quantization magnifies to logit differences up to about 0.5, so its verify passes
+      would not compute as its steps (``benchmarks/results/stage-numerics.md``).
     - ``ENABLE_CPU_PINNING=False``: a pinned inference thread cannot leave a core that other work also runs on
       (another process, a job under ``taskset``, a second CPU plugin instance registered through
       ``$XPUSPEC_CPU_ALIASES``, which pins to the same cores), so every parallel region waits for that core's time
@@ -116,25 +118,26 @@ def check_bf16(core, device: str) -> None:
 
 
 def uses_paged_attention(requested: Optional[str], devices: Sequence[str]) -> bool:
-    """Whether a model runs with paged attention (:class:`.paged.PagedRunner`) rather than on the stateful
-    SDPA model (:class:`.runner.OpenVINORunner`): ``ov_config={"ATTENTION_BACKEND": "PA" | "SDPA"}``,
-    openvino_genai's property. By default a whole model on a CPU or GPU is paged; pipeline stages
-    and the NPU (NPUW runs its own LLM pipeline) run the stateful model.
+    """Whether a model runs with paged attention (:class:`.paged.PagedRunner`, and
+    :class:`.paged_stages.PagedStagesRunner` for pipeline stages) rather than on the stateful SDPA model
+    (:class:`.runner.OpenVINORunner`): ``ov_config={"ATTENTION_BACKEND": "PA" | "SDPA"}``, openvino_genai's
+    property. By default a model on CPUs and GPUs is paged, whole or split into stages, so it computes one function
+    either way; the NPU (NPUW runs its own LLM pipeline) runs the stateful model.
 
     Raises:
-        PipelineConfigError: ``"PA"`` asked for pipeline stages or the NPU.
+        PipelineConfigError: ``"PA"`` asked for the NPU.
         ValueError: a value other than ``"PA"`` and ``"SDPA"``.
     """
-    whole = len(devices) == 1 and _kind(devices[0]) != "npu"
+    can_page = not any(_kind(d) == "npu" for d in devices)
     if requested is None:
-        return whole
+        return can_page
     value = str(requested).upper()
     if value not in ("PA", "SDPA"):
         raise ValueError(f"ov_config {ATTENTION_BACKEND}={requested!r}: use 'PA' (paged attention) or 'SDPA'.")
-    if value == "PA" and not whole:
+    if value == "PA" and not can_page:
         raise PipelineConfigError(
-            f"ov_config {ATTENTION_BACKEND}='PA' cannot run on {','.join(devices)}: pipeline stages and the NPU run "
-            f"the stateful SDPA model. Drop {ATTENTION_BACKEND}, or run the model on one CPU or GPU.")
+            f"ov_config {ATTENTION_BACKEND}='PA' cannot run on {','.join(devices)}: the NPU runs the stateful SDPA "
+            f"model. Drop {ATTENTION_BACKEND}, or run the model on CPUs or GPUs.")
     return value == "PA"
 
 
@@ -203,6 +206,7 @@ class OpenVINOBackend(Backend):
         """
         from .ir import prepare_ir
         from .paged import PagedRunner, check_cpu_cache_precision
+        from .paged_stages import PagedStagesRunner
         from .runner import OpenVINORunner
 
         devices = list(stages or [device])
@@ -218,8 +222,13 @@ class OpenVINOBackend(Backend):
         folder = prepare_ir(source, low_bit)
         configs = [compile_config(d, ov_config, paged=paged, bf16=bf16) for d in devices]
         if paged:
-            if _kind(devices[0]) == "cpu":
-                check_cpu_cache_precision(self.core, devices[0], configs[0])
+            for d, config in zip(devices, configs):
+                if _kind(d) == "cpu":
+                    check_cpu_cache_precision(self.core, d, config)
+        if paged and len(devices) > 1:
+            return PagedStagesRunner(self.core, folder, devices, configs, split, head_tokens=head_tokens,
+                                     is_cpu=[_kind(d) == "cpu" for d in devices])
+        if paged:
             return PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens,
                                is_cpu=_kind(devices[0]) == "cpu")
         return OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens)

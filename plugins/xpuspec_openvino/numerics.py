@@ -148,3 +148,29 @@ def cached_probe(folder: Path, device_identity: dict, config: dict, measure: Cal
         log.warning("%s: passes of 2 and %d tokens differ by up to %.2g on this device; greedy speculative output "
                     "may part from plain output at near-ties", Path(folder).name, WIDEST_COMPARED, found.two_vs_wide)
     return found
+
+
+def dynamic_quantization(core, device: str) -> bool:
+    """Whether OpenVINO ``device`` (an OpenVINO device name) quantizes the activations of INT8-weight layers on the
+    fly under its default properties (``DYNAMIC_QUANTIZATION_GROUP_SIZE``; on CPUs with AVX512-VNNI or AMX, not
+    with AVX2 alone).
+
+    Asked of OpenVINO, not of the CPU flags: a small INT8-compressed MatMul (NNCF's decompression pattern) is
+    compiled with the defaults and with ``DYNAMIC_QUANTIZATION_GROUP_SIZE=0``, both in f32, and run on the same
+    4 rows; they differ exactly where the plugin quantizes activations.
+    """
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    rng = np.random.default_rng(0)
+    k, n = 256, 128
+    x = ops.parameter([1, -1, k], ov.Type.f32, name="x")
+    weight = ops.convert(ops.constant(rng.integers(0, 256, (n, k), dtype=np.uint8), ov.Type.u8), "f32")
+    zero = ops.convert(ops.constant(np.full((n, 1), 128, np.uint8), ov.Type.u8), "f32")
+    scale = ops.constant((rng.random((n, 1)) * 0.01 + 0.001).astype(np.float32), ov.Type.f32)
+    model = ov.Model([ops.matmul(x, ops.multiply(ops.subtract(weight, zero), scale), False, True)], [x])
+    rows = rng.standard_normal((1, 4, k)).astype(np.float32)
+    outputs = [core.compile_model(model, device, {"INFERENCE_PRECISION_HINT": "f32", **extra})({"x": rows})[0]
+               for extra in ({}, {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})]
+    return not np.array_equal(*outputs)
