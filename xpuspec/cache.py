@@ -145,11 +145,14 @@ def digest(*parts) -> str:
 
 
 def folder_fingerprint(folder: Path) -> str:
-    """Hash of the file names, sizes and modification times in ``folder`` (not recursive)."""
+    """Hash of the file names, sizes and modification times in ``folder`` (not recursive), and of where it is: its
+    absolute path, or for a folder inside the cache (a pulled model) its path there, so that a cache mounted or
+    copied (times kept) to another path, read-only included, still finds the entries it holds."""
     entries = sorted(
         (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).iterdir() if p.is_file()
     )
-    return digest(str(Path(folder).resolve()), entries)
+    folder, root = Path(folder).resolve(), cache_root().resolve()
+    return digest(f"cache/{folder.relative_to(root)}" if folder.is_relative_to(root) else str(folder), entries)
 
 
 #: Every Ctrl-C (SIGINT) received while an :func:`atomic_folder` block ran, nested blocks included.
@@ -303,6 +306,10 @@ def manifest_damage(folder: Path, checksums: bool = False) -> Optional[str]:
 def cached_folder(final: Path, build) -> Path:
     """Return ``final``, building it first with ``build(tmp_folder)`` if it is absent or damaged.
 
+    An entry that is there and whole is returned without writing anything (no lock): a read-only cache serves it.
+    Building raises :class:`CacheNotWritableError` where the cache cannot be written and :class:`DiskFullError` where
+    its disk fills.
+
     A lock file beside ``final`` serialises builders across processes; the second
     process waits and then finds the entry ready. The build's files are recorded in a
     manifest (:func:`write_manifest`); an entry whose files no longer match it in size
@@ -311,13 +318,66 @@ def cached_folder(final: Path, build) -> Path:
     final = Path(final)
     if final.is_dir() and manifest_damage(final) is None:
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final) + ".lock"):
-        damage = manifest_damage(final) if final.is_dir() else None
-        if damage is not None:
-            log.warning("cache entry %s is damaged (%s); rebuilding it", final, damage)
-        if not final.is_dir() or damage is not None:
-            with atomic_folder(final, overwrite=True) as tmp:
-                build(tmp)
-                write_manifest(tmp)
+    with explain_write_errors(final.parent, f"building the cache entry {final.name}"):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(final) + ".lock"):
+            damage = manifest_damage(final) if final.is_dir() else None
+            if damage is not None:
+                log.warning("cache entry %s is damaged (%s); rebuilding it", final, damage)
+            if not final.is_dir() or damage is not None:
+                with atomic_folder(final, overwrite=True) as tmp:
+                    build(tmp)
+                    write_manifest(tmp)
     return final
+
+
+@contextlib.contextmanager
+def entry_lock(final: Path, what: str):
+    """Hold the lock file beside the cache entry ``final`` (created with its folder) while the block builds it.
+
+    Raises:
+        CacheNotWritableError: the lock file cannot be created (a read-only cache).
+        DiskFullError: nor for lack of space.
+    """
+    lock = FileLock(str(final) + ".lock")
+    with explain_write_errors(Path(final).parent, what):
+        Path(final).parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def check_writable(folder: Path, what: str) -> Path:
+    """Create ``folder`` if needed and check that it can be written, before ``what`` (a measurement that takes
+    minutes) runs only to fail at its end. Returns ``folder``.
+
+    Raises:
+        CacheNotWritableError: it cannot be created or written.
+        DiskFullError: it cannot be created for lack of space.
+    """
+    folder = Path(folder)
+    with explain_write_errors(folder, what):
+        folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        raise not_writable_error(folder, what)
+    return folder
+
+
+def write_text_atomic(path: Path, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed into place (a reader never sees half a file).
+
+    Raises:
+        CacheNotWritableError: the folder cannot be written.
+        DiskFullError: the disk is full.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with explain_write_errors(path.parent, what, lambda: human_size(len(text.encode()))):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)

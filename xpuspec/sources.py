@@ -24,8 +24,8 @@ from typing import Dict, Optional, Tuple
 
 from tqdm.auto import tqdm
 
-from .cache import (METADATA_FILE, atomic_folder, cache_root, disk_full_error, explain_write_errors, file_sha256,
-                    human_size, is_disk_full, read_metadata, says_disk_full)
+from .cache import (METADATA_FILE, atomic_folder, cache_root, disk_full_error, entry_lock, explain_write_errors,
+                    file_sha256, human_size, read_metadata, says_disk_full)
 from .errors import ModelSourceError, PullError
 from .hf_folder import check_hf_folder
 from .lowbit import LowBitConfig
@@ -368,9 +368,7 @@ def pull(name: str, force: bool = False, sha256: Optional[str] = None) -> Path:
     final = cache_root() / "models" / name
     if final.is_dir() and not force:
         return final
-    from filelock import FileLock
-
-    with FileLock(str(final) + ".lock"):
+    with entry_lock(final, f"pulling {name}"):
         if final.is_dir() and not force:
             return final
         _convert_into(_fetch_gguf(spec), final, name, spec.sha256, source=name)
@@ -437,10 +435,7 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
     final = cache_root() / "models" / f"gguf-{actual}"
     if final.is_dir() and not force:
         return final
-    from filelock import FileLock
-
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final) + ".lock"):
+    with entry_lock(final, f"converting {path.name}"):
         if final.is_dir() and not force:
             return final
         _convert_into(path, final, path.name, actual, source=str(path.resolve()))
