@@ -2,6 +2,7 @@
 is not installed, and (where it is) decode the same tokens plain and with prompt lookup."""
 
 import importlib.util
+import sys
 
 import pytest
 
@@ -49,3 +50,31 @@ def test_llamacpp_plain_and_prompt_lookup_agree(smollm2_path, tokenizer):
     tokens, margins = plain.reference(ids, 16)
     assert len(tokens) == len(margins) == 16
     assert plain.generate(ids, 16).tokens == tokens == lookup.generate(ids, 16).tokens
+
+
+@pytest.fixture
+def fake_llama(monkeypatch, tmp_path):
+    """The fake llama-cpp-python in this process, and a GGUF path for it (the fake does not read it)."""
+    import fake_llama_cpp
+
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.delitem(sys.modules, "llama_cpp.llama_speculative", raising=False)
+    fake_llama_cpp.install()
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    return gguf
+
+
+@pytest.mark.parametrize("name", ["llamacpp", "llamacpp-lookup"])
+def test_prompts_past_llama_cpps_batch_of_512_tokens_run(fake_llama, name):
+    """llamacpp-lookup crashed on prompts near 512 tokens ('could not broadcast input array from shape (540672,) into
+    shape (491520,)'): with a draft model llama-cpp-python computes every row's logits, into a scores array sized
+    n_batch (512) rows unless Llama is built with logits_all=True. The plain system's reference reads those rows."""
+    system = make(name, Setup(model=str(fake_llama), hf_path=None, ir="", low_bit="int8_asym"))
+    settings = system.load()
+    ids = [i % 16 for i in range(540)]
+    expected = [(ids[-1] + 1 + j) % 16 for j in range(8)]
+    assert system.generate(ids, 8).tokens == expected
+    tokens, margins = system.reference(ids, 8)
+    assert tokens == expected and margins == [1.0] * 8  # the rows that scored them, past row 512
+    assert settings["logits_all"] is True  # recorded in the report
