@@ -115,6 +115,11 @@ def test_every_system_runs_on_tiny_models(tiny_report):
     assert all(s["new_tokens"] == 8 and s["ttft_s"] > 0 and s["total_s"] >= s["ttft_s"] for s in samples)
     total = tiny_report["machine"]["memory_mib"]
     assert total > 0 and all(0 < s["memory_available_mib"] <= total for s in samples)
+    with open("/proc/loadavg") as f:  # the kernel's own figures, read after the run
+        now = [float(x) for x in f.read().split()[:3]]
+    assert all(len(s["load_average"]) == 3 and min(s["load_average"]) >= 0 for s in samples)
+    assert tiny_report["load_average"]["end"] == pytest.approx(now, abs=1.0)
+    assert f"load average {tiny_report['load_average']['start'][0]:.2f} at the start" in report.markdown(tiny_report)
     setup = tiny_report["setup"]
     for name, info in tiny_report["systems"].items():
         assert info["peak_rss_bytes"] > info["idle_rss_bytes"] > 0, name
@@ -236,6 +241,10 @@ def test_batch_size_runs_the_batched_bench(smollm2_path, tmp_path):
     assert set(results[0]["by_batch"]) == {"1", "3"} and len(results[0]["rounds"]) == 1
     assert all(f["aggregate"] > 0 and f["ttft_ms"] > 0 for f in results[0]["by_batch"].values())
     assert sum(line.startswith("| xpuspec-lookup |") for line in done.stdout.splitlines()) == 2
+    assert results[0]["ov_config"] == {"ENABLE_CPU_PINNING": False}  # as the single-request bench
+    (load,) = results[0]["load_average"]
+    assert len(load["start"]) == len(load["end"]) == 3
+    assert 'OpenVINO properties of every system: {"ENABLE_CPU_PINNING": false}' in done.stdout
 
 
 def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):
@@ -253,3 +262,45 @@ def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):
     idle_rows = 1 + sum(name.startswith("xpuspec") for name in runnable)  # the idle-fraction table
     assert len(table_rows) == 2 * (len(runnable) + 1) + idle_rows
     assert (tmp_path / "smoke.png").stat().st_size > 0
+
+
+def test_the_batched_peers_run_with_the_same_cpu_pinning_as_the_single_request_bench(tmp_path, monkeypatch):
+    """--batch-size ran openvino_genai with its default thread pinning and xpuspec without; both now get the
+    single-request bench's ENABLE_CPU_PINNING (openvino_genai's pipeline and draft model at the module boundary)."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    import openvino_genai
+
+    import xpuspec
+    from xpuspec.bench import batch
+    from xpuspec.bench.systems import ov_properties
+
+    seen = {}
+
+    class Pipeline:
+        def __init__(self, folder, device, **kwargs):
+            seen["genai"] = kwargs
+
+        def generate(self, prompts, config):
+            return SimpleNamespace(perf_metrics=SimpleNamespace(get_ttft=lambda: SimpleNamespace(mean=1.0)))
+
+    real = xpuspec.AutoModelForCausalLM.from_pretrained
+
+    def from_pretrained(*args, **kwargs):
+        seen["xpuspec"] = kwargs.get("ov_config")  # the last load: _xpuspec's
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(openvino_genai, "LLMPipeline", Pipeline)
+    monkeypatch.setattr(openvino_genai, "draft_model", lambda folder, device, **kwargs: seen.setdefault("draft", kwargs))
+    monkeypatch.setattr(xpuspec.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setenv("XPUSPEC_CACHE", str(tmp_path / "cache"))
+    args = Namespace(model=str(tiny_model(tmp_path / "tiny", seed=1)), draft=None, low_bit="int8_asym",
+                     draft_low_bit="int8_asym", max_new_tokens=2, repeats=1)
+    batch._genai("genai-cb-draft", args, [1])
+    figures = batch._xpuspec("xpuspec-plain", args, [2])
+    pinning = ov_properties(None)["ENABLE_CPU_PINNING"]
+    assert pinning is False and figures[2]["aggregate"] > 0
+    assert seen["genai"]["ENABLE_CPU_PINNING"] is seen["draft"]["ENABLE_CPU_PINNING"] is pinning
+    assert seen["xpuspec"]["ENABLE_CPU_PINNING"] is pinning
+    assert batch.OV_PROPERTIES == {"ENABLE_CPU_PINNING": pinning}  # what the report records

@@ -2,6 +2,9 @@
 is not installed, and (where it is) decode the same tokens plain and with prompt lookup."""
 
 import importlib.util
+import json
+import os
+import sys
 
 import pytest
 
@@ -49,3 +52,60 @@ def test_llamacpp_plain_and_prompt_lookup_agree(smollm2_path, tokenizer):
     tokens, margins = plain.reference(ids, 16)
     assert len(tokens) == len(margins) == 16
     assert plain.generate(ids, 16).tokens == tokens == lookup.generate(ids, 16).tokens
+
+
+@pytest.fixture
+def fake_llama(monkeypatch, tmp_path):
+    """The fake llama-cpp-python in this process, and a GGUF path for it (the fake does not read it)."""
+    import fake_llama_cpp
+
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.delitem(sys.modules, "llama_cpp.llama_speculative", raising=False)
+    fake_llama_cpp.install()
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    return gguf
+
+
+@pytest.mark.parametrize("name", ["llamacpp", "llamacpp-lookup"])
+def test_prompts_past_llama_cpps_batch_of_512_tokens_run(fake_llama, name):
+    """llamacpp-lookup crashed on prompts near 512 tokens ('could not broadcast input array from shape (540672,) into
+    shape (491520,)'): with a draft model llama-cpp-python computes every row's logits, into a scores array sized
+    n_batch (512) rows unless Llama is built with logits_all=True. The plain system's reference reads those rows."""
+    system = make(name, Setup(model=str(fake_llama), hf_path=None, ir="", low_bit="int8_asym"))
+    settings = system.load()
+    ids = [i % 16 for i in range(540)]
+    expected = [(ids[-1] + 1 + j) % 16 for j in range(8)]
+    assert system.generate(ids, 8).tokens == expected
+    tokens, margins = system.reference(ids, 8)
+    assert tokens == expected and margins == [1.0] * 8  # the rows that scored them, past row 512
+    assert settings["logits_all"] is True  # recorded in the report
+
+
+def test_a_system_that_fails_leaves_the_others_their_results(tmp_path, monkeypatch):
+    """A warm-up that fails (here llamacpp-lookup's) no longer aborts the run with no JSON: the other systems are
+    measured, and the report records the failed system's error and validates against the schema."""
+    import fake_llama_cpp
+    from xpuspec.bench import report
+    from xpuspec.bench.harness import BenchSettings, run
+
+    fake = fake_llama_cpp.install(tmp_path / "fake")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAKE_LLAMA_FAIL", "lookup")
+    monkeypatch.setenv("XPUSPEC_CACHE", str(tmp_path / "cache"))
+    model = tiny_model(tmp_path / "tiny", seed=1)
+    (tmp_path / "tiny.gguf").write_bytes(b"GGUF")
+    (model / "xpuspec.json").write_text(json.dumps({"source": str(tmp_path / "tiny.gguf")}))  # as if converted
+    settings = BenchSettings(model=str(model), systems=["hf", "llamacpp", "llamacpp-lookup"], max_new_tokens=4,
+                             repeats=2, bandwidth=10e9)
+    result = run(settings, progress=False, log_dir=tmp_path / "logs", prompts={"code": ["w1 w2 w3", "w4 w5"]})
+    report.validate(result)
+    failed = result["systems"]["llamacpp-lookup"]
+    assert failed["error"] == "RuntimeError: fake llama.cpp: this warm-up fails", failed["error"]
+    assert "Traceback" in failed["traceback"] and failed["family"] == "gguf"
+    assert [s["system"] for s in result["samples"]] == ["hf", "llamacpp"] * 4
+    assert set(result["summary"]) == {"hf", "llamacpp"}
+    assert all(s["audit"]["status"] == "identical" for s in result["samples"])
+    table = report.markdown(result)
+    assert "**Failed:** llamacpp-lookup: RuntimeError: fake llama.cpp: this warm-up fails" in table
+    assert sum(line.startswith("| llamacpp |") for line in table.splitlines()) == 1

@@ -11,8 +11,10 @@ import importlib
 from .errors import (
     BackendUnavailableError,
     BatchNotSupportedError,
+    CacheNotWritableError,
     CorpusError,
     DeviceNotFoundError,
+    DiskFullError,
     DraftMismatchError,
     GenerationConfigError,
     InvalidInputError,
@@ -45,7 +47,7 @@ __all__ = [
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
     "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError", "KVBudgetError",
-    "BatchNotSupportedError", "NumericsError",
+    "BatchNotSupportedError", "NumericsError", "DiskFullError", "CacheNotWritableError",
 ]
 
 

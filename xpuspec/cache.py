@@ -8,6 +8,7 @@ whose files are missing or have another size is rebuilt with one warning.
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -18,11 +19,11 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 from filelock import FileLock
 
-from .errors import OutputExistsError
+from .errors import CacheNotWritableError, DiskFullError, OutputExistsError
 
 log = logging.getLogger("xpuspec")
 
@@ -33,10 +34,108 @@ MANIFEST_KEY = "files"
 
 
 def cache_root() -> Path:
-    """The cache folder: ``$XPUSPEC_CACHE``, else ``~/.cache/xpuspec``."""
+    """The cache folder: ``$XPUSPEC_CACHE``, else ``~/.cache/xpuspec``.
+
+    Raises:
+        CacheNotWritableError: it does not exist and cannot be created.
+        DiskFullError: it does not exist and its disk is full.
+    """
     root = Path(os.environ.get("XPUSPEC_CACHE") or Path.home() / ".cache" / "xpuspec")
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        with explain_write_errors(root, "creating xpuspec's cache"):
+            root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+#: ``errno`` values of a full disk: no space left, a quota exceeded.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+#: ``errno`` values of a folder that cannot be written: a read-only file system, no permission.
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+#: How libraries that are not Python's ``OSError`` (safetensors' ``SafetensorError``, pip's output) say the disk is full.
+_FULL_WORDS = ("No space left on device", "Disk quota exceeded")
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during (at most 20)."""
+    for _ in range(20):
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def says_disk_full(text: str) -> bool:
+    """Whether an error message (a library's, pip's) says that the disk is full."""
+    return any(words in text for words in _FULL_WORDS)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it came from, is a full disk: an ``OSError`` with ``ENOSPC`` or ``EDQUOT``,
+    or a library's error that says so (safetensors raises ``SafetensorError("... No space left on device ...")``)."""
+    return any((isinstance(e, OSError) and e.errno in _FULL) or says_disk_full(str(e)) for e in _causes(exc))
+
+
+def is_not_writable(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it came from, is an ``OSError`` saying a folder cannot be written
+    (``EROFS``, ``EACCES``, ``EPERM``)."""
+    return any(isinstance(e, OSError) and e.errno in _NOT_WRITABLE for e in _causes(exc))
+
+
+def human_size(n: float) -> str:
+    """``n`` bytes as ``"98.4 MB"`` (decimal units, as pip and ``df -H`` print them)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _free_bytes(folder: Path) -> Optional[int]:
+    """Free bytes on the disk of ``folder`` (or of its nearest existing parent), ``None`` if unknown."""
+    for path in (Path(folder), *Path(folder).parents):
+        if path.exists():
+            try:
+                return shutil.disk_usage(path).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_full_error(folder: Path, what: str, needed: Optional[str] = None) -> DiskFullError:
+    """The :class:`DiskFullError` of ``what`` running out of space in ``folder``; ``needed``: the space it needs
+    (``"98.4 MB"``, ``"at least 1.2 GB"``), when known."""
+    free = _free_bytes(folder)
+    return DiskFullError(
+        f"No space left on device: {what} needs {needed or 'more space than is free'} in {folder}"
+        + (f", and its disk has {human_size(free)} free" if free is not None else "")
+        + ". Free some space there, or set XPUSPEC_CACHE to a folder on a disk with room. "
+        "Nothing was left half-written.", folder)
+
+
+def not_writable_error(folder: Path, what: str) -> CacheNotWritableError:
+    """The :class:`CacheNotWritableError` of ``what``, which must write into ``folder``."""
+    return CacheNotWritableError(
+        f"{folder} cannot be written (a read-only file system or mount, or no permission), and {what} must write "
+        "there. Set XPUSPEC_CACHE to a folder you can write; a read-only cache serves only what it already holds "
+        "(a model pulled and compiled in the format asked for).", folder)
+
+
+@contextlib.contextmanager
+def explain_write_errors(folder: Path, what: str, needed=None):
+    """Turn a full disk (:func:`is_disk_full`) or an unwritable folder (:func:`is_not_writable`) raised in the block
+    into a :class:`DiskFullError` or :class:`CacheNotWritableError` that names ``folder``, ``what`` was being done
+    and ``needed`` (the space it needs: a string, or a function returning one, called only on a full disk);
+    anything else passes through unchanged."""
+    try:
+        yield
+    except (DiskFullError, CacheNotWritableError):
+        raise
+    except Exception as exc:
+        if is_disk_full(exc):
+            raise disk_full_error(folder, what, needed() if callable(needed) else needed) from exc
+        if is_not_writable(exc):
+            raise not_writable_error(folder, what) from exc
+        raise
 
 
 def digest(*parts) -> str:
@@ -46,11 +145,14 @@ def digest(*parts) -> str:
 
 
 def folder_fingerprint(folder: Path) -> str:
-    """Hash of the file names, sizes and modification times in ``folder`` (not recursive)."""
+    """Hash of the file names, sizes and modification times in ``folder`` (not recursive), and of where it is: its
+    absolute path, or for a folder inside the cache (a pulled model) its path there, so that a cache mounted or
+    copied (times kept) to another path, read-only included, still finds the entries it holds."""
     entries = sorted(
         (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).iterdir() if p.is_file()
     )
-    return digest(str(Path(folder).resolve()), entries)
+    folder, root = Path(folder).resolve(), cache_root().resolve()
+    return digest(f"cache/{folder.relative_to(root)}" if folder.is_relative_to(root) else str(folder), entries)
 
 
 #: Every Ctrl-C (SIGINT) received while an :func:`atomic_folder` block ran, nested blocks included.
@@ -204,6 +306,10 @@ def manifest_damage(folder: Path, checksums: bool = False) -> Optional[str]:
 def cached_folder(final: Path, build) -> Path:
     """Return ``final``, building it first with ``build(tmp_folder)`` if it is absent or damaged.
 
+    An entry that is there and whole is returned without writing anything (no lock): a read-only cache serves it.
+    Building raises :class:`CacheNotWritableError` where the cache cannot be written and :class:`DiskFullError` where
+    its disk fills.
+
     A lock file beside ``final`` serialises builders across processes; the second
     process waits and then finds the entry ready. The build's files are recorded in a
     manifest (:func:`write_manifest`); an entry whose files no longer match it in size
@@ -212,13 +318,66 @@ def cached_folder(final: Path, build) -> Path:
     final = Path(final)
     if final.is_dir() and manifest_damage(final) is None:
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final) + ".lock"):
-        damage = manifest_damage(final) if final.is_dir() else None
-        if damage is not None:
-            log.warning("cache entry %s is damaged (%s); rebuilding it", final, damage)
-        if not final.is_dir() or damage is not None:
-            with atomic_folder(final, overwrite=True) as tmp:
-                build(tmp)
-                write_manifest(tmp)
+    with explain_write_errors(final.parent, f"building the cache entry {final.name}"):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(final) + ".lock"):
+            damage = manifest_damage(final) if final.is_dir() else None
+            if damage is not None:
+                log.warning("cache entry %s is damaged (%s); rebuilding it", final, damage)
+            if not final.is_dir() or damage is not None:
+                with atomic_folder(final, overwrite=True) as tmp:
+                    build(tmp)
+                    write_manifest(tmp)
     return final
+
+
+@contextlib.contextmanager
+def entry_lock(final: Path, what: str):
+    """Hold the lock file beside the cache entry ``final`` (created with its folder) while the block builds it.
+
+    Raises:
+        CacheNotWritableError: the lock file cannot be created (a read-only cache).
+        DiskFullError: nor for lack of space.
+    """
+    lock = FileLock(str(final) + ".lock")
+    with explain_write_errors(Path(final).parent, what):
+        Path(final).parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def check_writable(folder: Path, what: str) -> Path:
+    """Create ``folder`` if needed and check that it can be written, before ``what`` (a measurement that takes
+    minutes) runs only to fail at its end. Returns ``folder``.
+
+    Raises:
+        CacheNotWritableError: it cannot be created or written.
+        DiskFullError: it cannot be created for lack of space.
+    """
+    folder = Path(folder)
+    with explain_write_errors(folder, what):
+        folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        raise not_writable_error(folder, what)
+    return folder
+
+
+def write_text_atomic(path: Path, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed into place (a reader never sees half a file).
+
+    Raises:
+        CacheNotWritableError: the folder cannot be written.
+        DiskFullError: the disk is full.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with explain_write_errors(path.parent, what, lambda: human_size(len(text.encode()))):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)

@@ -87,3 +87,28 @@ class BatchNotSupportedError(XpuspecError, NotImplementedError):
 class NumericsError(XpuspecError, FloatingPointError):
     """A model's logits contain NaN or infinity in the format it was loaded in (fp16 activations that overflow,
     damaged weights): its output would be garbage, so it is refused rather than used."""
+
+
+class DiskFullError(XpuspecError, OSError):
+    """The disk ran out of space while xpuspec wrote into a folder (``errno.ENOSPC``): the message names the folder,
+    the space the step needs and what is free; what the step had written is removed."""
+
+    def __init__(self, message: str, folder=None):
+        super().__init__(message)
+        self.errno, self.filename = 28, None if folder is None else str(folder)  # errno.ENOSPC
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class CacheNotWritableError(XpuspecError, PermissionError):
+    """Something must be written into xpuspec's cache (a conversion, an export, a measurement) and its folder cannot
+    be written (a read-only file system or mount, no permission): the message names the folder and
+    ``XPUSPEC_CACHE``. A cache that already holds everything a load needs is read without writing."""
+
+    def __init__(self, message: str, folder=None):
+        super().__init__(message)
+        self.errno, self.filename = 30, None if folder is None else str(folder)  # errno.EROFS
+
+    def __str__(self) -> str:
+        return self.args[0]

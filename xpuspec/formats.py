@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence, Tuple
 
-from .cache import cache_root, digest, folder_fingerprint
+from .cache import cache_root, check_writable, digest, folder_fingerprint, write_text_atomic
 from .errors import LowBitConfigError
 from .lowbit import LowBitConfig
 
@@ -165,13 +165,13 @@ def auto_format(folder, identity: dict, load: Load, tokenizer_factory: Callable[
     path = measures_path(folder, identity, compile_config)
     measures = cached_measures(path)
     if measures is None:
+        what = "load_in_low_bit='auto' (measuring the formats once on this device)"
+        check_writable(path.parent, what)  # before minutes of measuring, not after
         log.info("load_in_low_bit='auto': measuring %s on this device once (cached in %s)", ", ".join(CANDIDATES),
                  path.parent)
         measures = measure_formats(load, tokenizer_factory())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{time.time_ns()}.tmp")
-        tmp.write_text(json.dumps({"identity": identity, "measures": [asdict(m) for m in measures]}, indent=1))
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps({"identity": identity, "measures": [asdict(m) for m in measures]},
+                                           indent=1), what)
     choice = choose(measures, bound)
     fastest = max(measures, key=lambda m: m.tokens_per_s)
     chosen = choice.chosen

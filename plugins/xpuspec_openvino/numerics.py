@@ -21,7 +21,7 @@ from typing import Callable, List, Sequence
 
 import torch
 
-from xpuspec.cache import cache_root, digest, folder_fingerprint
+from xpuspec.cache import cache_root, digest, folder_fingerprint, write_text_atomic
 from xpuspec.devices import cpu_flags
 
 log = logging.getLogger("xpuspec")
@@ -136,10 +136,7 @@ def cached_probe(folder: Path, device_identity: dict, config: dict, measure: Cal
     except (OSError, ValueError, TypeError):
         pass
     found = measure()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(found)))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(asdict(found)), "recording this device's numerics probe of the model")
     if found.single_step_width > 1:
         log.info("%s: a 1-token pass computes differently from wider ones on this device (logits differ by up to "
                  "%.2g); 1-token passes run 2 wide so that speculative and plain output are the same",

@@ -11,7 +11,9 @@ draft's IR). The target IR is ``--low-bit`` (default int8_asym). Every call gene
 per prompt (EOS suppressed by ``min_new_tokens``). Each batch size is timed ``--repeats`` times after one warm-up,
 and the sequence of systems runs ``--rounds`` times in turn; figures are medians: aggregate tokens/s (all rows' new
 tokens over the call's wall time), per-request tokens/s (a row's new tokens over its own time), TTFT, and the
-process's peak RSS.
+process's peak RSS. Both tools run with the single-request bench's CPU pinning setting (:data:`OV_PROPERTIES`:
+``ENABLE_CPU_PINNING`` off, xpuspec's default; openvino_genai pins by default), recorded in each system's result,
+with the machine's load averages before and after each of its runs.
 """
 
 import argparse
@@ -23,6 +25,11 @@ import sys
 import time
 from typing import List, Optional
 
+from .harness import load_average
+from .systems import ov_properties
+
+#: OpenVINO properties both tools get: the single-request bench's CPU pinning (:func:`.systems.ov_properties`).
+OV_PROPERTIES = {"ENABLE_CPU_PINNING": ov_properties(None)["ENABLE_CPU_PINNING"]}
 SYSTEMS = ("xpuspec-plain", "xpuspec-lookup", "xpuspec-draft", "xpuspec-hybrid", "genai-cb", "genai-cb-lookup",
            "genai-cb-draft")
 PROMPTS = [
@@ -51,7 +58,7 @@ def _xpuspec(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
         mode = "hybrid" if system == "xpuspec-hybrid" else "draft" if args.draft else "self"
         spec = SpeculativeConfig(mode=mode, draft=args.draft, draft_low_bit=args.draft_low_bit)
     model = AutoModelForCausalLM.from_pretrained(args.model, device="cpu", load_in_low_bit=args.low_bit,
-                                                 speculative=spec)
+                                                 speculative=spec, ov_config=dict(OV_PROPERTIES))
     tok = AutoTokenizer.from_pretrained(args.model)
     tok.pad_token, tok.padding_side = tok.pad_token or tok.eos_token, "left"
     kwargs = dict(prompt_lookup_num_tokens=3) if system == "xpuspec-lookup" else {}
@@ -87,7 +94,7 @@ def _genai(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
     if system == "genai-cb-draft":  # the IR xpuspec-draft drafts with
         draft = AutoModelForCausalLM.from_pretrained(args.draft or args.model, device="cpu",
                                                      load_in_low_bit=args.draft_low_bit)
-        extra["draft_model"] = og.draft_model(str(draft.runner.folder), "CPU")
+        extra["draft_model"] = og.draft_model(str(draft.runner.folder), "CPU", **OV_PROPERTIES)
         del draft
     if system == "genai-cb-lookup":
         extra["prompt_lookup"] = True
@@ -95,7 +102,7 @@ def _genai(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
     scheduler = og.SchedulerConfig()
     scheduler.cache_size = 1  # GiB of KV cache
     scheduler.max_num_batched_tokens = 2048
-    pipe = og.LLMPipeline(folder, "CPU", scheduler_config=scheduler, **extra)
+    pipe = og.LLMPipeline(folder, "CPU", scheduler_config=scheduler, **extra, **OV_PROPERTIES)
     config = og.GenerationConfig()
     config.max_new_tokens = config.min_new_tokens = new
     if system == "genai-cb-lookup":
@@ -191,18 +198,21 @@ def sweep(args: argparse.Namespace) -> List[dict]:
                    "--low-bit", args.low_bit, "--draft-low-bit", args.draft_low_bit,
                    "--batch-size", args.batch_size, "--max-new-tokens", str(args.max_new_tokens),
                    "--repeats", str(args.repeats)] + (["--draft", args.draft] if args.draft else [])
+            start = load_average()
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 print(f"{system}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
                 rounds[system] = None
                 continue
-            rounds[system].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rounds[system].append({**json.loads(done.stdout.strip().splitlines()[-1]),
+                                   "load_average": {"start": start, "end": load_average()}})
     results = []
     for system, runs in rounds.items():
         if runs:
             by_batch = {b: _median([r["by_batch"][b] for r in runs]) for b in runs[0]["by_batch"]}
             results.append({"system": system, "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
-                            "by_batch": by_batch, "rounds": [r["by_batch"] for r in runs]})
+                            "by_batch": by_batch, "rounds": [r["by_batch"] for r in runs],
+                            "ov_config": dict(OV_PROPERTIES), "load_average": [r["load_average"] for r in runs]})
     return results
 
 
@@ -222,14 +232,24 @@ def main(argv=None) -> int:
     return 0
 
 
+def _load_range(result: dict) -> str:
+    """The 1-minute load averages over a system's runs: lowest at a start, highest at an end."""
+    starts = [r["start"][0] for r in result.get("load_average", []) if r.get("start")]
+    ends = [r["end"][0] for r in result.get("load_average", []) if r.get("end")]
+    return f"{min(starts):.2f}-{max(ends):.2f}" if starts and ends else "n/a"
+
+
 def table(results: List[dict]) -> str:
-    """A Markdown table: one line per system and batch size."""
-    lines = ["| system | batch | aggregate tok/s | per-request tok/s | TTFT ms | peak RSS MiB |",
-             "|---|---:|---:|---:|---:|---:|"]
+    """A Markdown table: one line per system and batch size, with the load average over the system's runs; below
+    it, the CPU pinning every system ran with."""
+    lines = ["| system | batch | aggregate tok/s | per-request tok/s | TTFT ms | peak RSS MiB | load average |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for r in results:
         for b, f in r["by_batch"].items():
             lines.append(f"| {r['system']} | {b} | {f['aggregate']:.1f} | {f['per_request']:.1f} | "
-                         f"{f['ttft_ms']:.0f} | {r['peak_rss_mib']:.0f} |")
+                         f"{f['ttft_ms']:.0f} | {r['peak_rss_mib']:.0f} | {_load_range(r)} |")
+    settings = sorted({json.dumps(r.get("ov_config"), sort_keys=True) for r in results})
+    lines += ["", "OpenVINO properties of every system: " + ", ".join(settings)]
     return "\n".join(lines)
 
 

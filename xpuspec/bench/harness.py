@@ -31,7 +31,7 @@ from . import prompts as prompt_sets
 from .load import CompetingLoad
 from .memory import check_loaded, memory_mib
 from .systems import DEFAULT_KV_CACHE_PRECISION, REFERENCE, SYSTEMS, Setup, parse_systems
-from .worker import Worker
+from .worker import Worker, WorkerError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 INTERLEAVE = ("prompt", "repeat")
@@ -138,6 +138,22 @@ def _git_commit() -> Optional[str]:
     return done.stdout.strip() or None
 
 
+def load_average() -> Optional[List[float]]:
+    """The 1, 5 and 15-minute load averages (``os.getloadavg``), rounded to 0.01; ``None`` where unknown."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def failure(exc: Exception) -> dict:
+    """How a failed system is recorded: ``error``, the last line of its traceback (the exception), and
+    ``traceback``, the end of the traceback or log."""
+    text = str(exc)
+    lines = [line for line in text.splitlines() if line.strip()]
+    return {"error": lines[-1].strip() if lines else type(exc).__name__, "traceback": text[-3000:]}
+
+
 def _machine() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -193,9 +209,13 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         command: the command line, recorded in the report.
         prompts: ``{set name: texts}`` to use instead of ``settings.prompts`` (tests use short stand-ins).
 
+    A system that fails to load, to warm up or in a timed call is left out and the run goes on: its record in
+    ``systems`` holds ``error`` and ``traceback`` instead of figures, and its samples are dropped.
+
     Raises:
         ValueError: bad settings or prompts.
-        WorkerError: a system failed to load or run (the message carries its traceback).
+        WorkerError: the IR reference (xpuspec plain, which gives every OpenVINO system its IR) failed to load or run
+            (the message carries its traceback).
         BenchMemoryError: the systems loaded side by side (``--interleave prompt``) leave the machine short of
             memory (:mod:`xpuspec.bench.memory`).
     """
@@ -223,13 +243,30 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
                   **{"hf_path": None, **_source_folders(settings)})
     shared = settings.interleave == "prompt"
     references, outputs, systems_info = {}, [], {}
+    load_start = load_average()
 
     def spawn(name: str, label: str = "") -> Worker:
         return Worker(name, setup, log_dir / f"{label}{name.replace(':', '-')}.log")
 
-    def warm(name: str, w: Worker) -> Worker:
+    def fail(name: str, exc: WorkerError, w: Optional[Worker] = None) -> None:
+        """Record that ``name`` failed (loading, warming up or in a timed call): its error goes into the report, its
+        samples are dropped, and the run goes on with the other systems."""
+        if w is not None:
+            w.close()
+        workers.pop(name, None)
+        systems_info[name] = {"family": SYSTEMS[name].family, "speculative": SYSTEMS[name].speculative,
+                              **failure(exc)}
+        outputs[:] = [(record, tokens) for record, tokens in outputs if record["system"] != name]
+        print(f"xpuspec bench: {name} failed, the run goes on without it: {systems_info[name]['error']}",
+              file=sys.stderr)
+
+    def warm(name: str, w: Worker) -> Optional[Worker]:
         bar.note(f"loading {name}")
-        w.call("generate", items[0][2], settings.max_new_tokens)  # warm-up, untimed
+        try:
+            w.call("generate", items[0][2], settings.max_new_tokens)  # warm-up, untimed
+        except WorkerError as exc:
+            fail(name, exc, w)
+            return None
         systems_info.setdefault(name, {"family": SYSTEMS[name].family, "speculative": SYSTEMS[name].speculative,
                                        **w.info, "peak_rss_bytes": 0})
         return w
@@ -240,12 +277,19 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         w.close()
 
     def measure(name: str, w: Worker, repeat: int, set_name: str, i: int, ids: List[int]) -> None:
-        memory = memory_mib()
-        sample = w.call("generate", ids, settings.max_new_tokens)
+        memory, load = memory_mib(), load_average()
+        try:
+            sample = w.call("generate", ids, settings.max_new_tokens)
+        except WorkerError as exc:
+            fail(name, exc, w)
+            return
         record = report.sample_record(name, repeat, set_name, i, len(ids), sample)
-        outputs.append(({**record, "memory_available_mib": None if memory is None else round(memory[0])},
-                        sample.tokens))
+        outputs.append(({**record, "memory_available_mib": None if memory is None else round(memory[0]),
+                         "load_average": load}, sample.tokens))
         bar.step(f"r{repeat + 1} {name}")
+
+    def running(name: str) -> bool:
+        return "error" not in systems_info.get(name, {})
 
     # Reference systems load first: they give the plain greedy outputs, and xpuspec the IR folder. Every worker of
     # a wave loads at once; in --interleave prompt a reference system that is also measured keeps its worker.
@@ -262,11 +306,21 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
             bar.note(f"reference: loading {name}")
             w = first.pop(name)
             workers[name] = w
-            if family == "ir":
-                setup = replace(setup, ir=w.info["settings"]["ir"])
-            for set_name, i, ids in items:
-                references[family, set_name, i] = w.call("reference", ids, settings.max_new_tokens)
-                bar.step(f"reference {name}")
+            try:
+                if family == "ir":
+                    setup = replace(setup, ir=w.info["settings"]["ir"])
+                for set_name, i, ids in items:
+                    references[family, set_name, i] = w.call("reference", ids, settings.max_new_tokens)
+                    bar.step(f"reference {name}")
+            except WorkerError as exc:  # without its reference no system of the family can be audited
+                if family == "ir":  # nor run: the OpenVINO systems run the IR this one gives
+                    raise
+                for other in settings.systems:
+                    if SYSTEMS[other].family == family:
+                        fail(other, exc)
+                workers.pop(name, None)
+                w.close()
+                continue
             if not (shared and name in settings.systems):
                 workers.pop(name).close()
         if draft_ir is not None:
@@ -274,20 +328,27 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
                 setup = replace(setup, draft_ir=draft_ir.info["settings"]["ir"])
         load.start()  # beside the measured systems, from their loading on
         if shared:  # one after another, so that memory running short stops the run before it measures
-            for name in settings.systems:
-                workers[name] = warm(name, workers.get(name) or spawn(name))
-                check_loaded(list(workers), memory_mib())
+            for name in filter(running, settings.systems):
+                w = warm(name, workers.get(name) or spawn(name))
+                if w is not None:
+                    workers[name] = w
+                    check_loaded(list(workers), memory_mib())
             for repeat in range(settings.repeats):
                 for set_name, i, ids in items:
-                    for name in settings.systems:
+                    for name in filter(running, settings.systems):
                         measure(name, workers[name], repeat, set_name, i, ids)
         else:
             for repeat in range(settings.repeats):
-                for name in settings.systems:
-                    w = workers[name] = warm(name, spawn(name))
+                for name in filter(running, settings.systems):
+                    w = warm(name, spawn(name))
+                    if w is None:
+                        continue
+                    workers[name] = w
                     for set_name, i, ids in items:
-                        measure(name, w, repeat, set_name, i, ids)
-                    finish(name, workers.pop(name))
+                        if running(name):
+                            measure(name, w, repeat, set_name, i, ids)
+                    if running(name):
+                        finish(name, workers.pop(name))
         for name in list(workers):
             finish(name, workers.pop(name))
     finally:
@@ -313,6 +374,7 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         "systems": systems_info,
         "samples": samples,
         "competing_load": load.record(),
+        "load_average": {"start": load_start, "end": load_average()},
     }
     result["summary"] = report.summarize(result)
     return result
@@ -419,4 +481,9 @@ def main(args: argparse.Namespace) -> int:
         json_path.write_text(json.dumps(result, indent=1))
     if plot_path is not None:
         report.plot(result, plot_path)
+    broken = report.failed(result)
+    if broken:  # the others' figures are printed and written; the exit status says that the run is not whole
+        print(f"error: {len(broken)} system(s) failed and are left out of the figures: "
+              + "; ".join(f"{name}: {error}" for name, error in broken.items()), file=sys.stderr)
+        return 1
     return 0

@@ -109,7 +109,7 @@ def summarize(result: dict) -> dict:
     settings, samples = result["settings"], result["samples"]
     bandwidth = result["roofline"]["bandwidth_bytes_per_s"]
     out = {}
-    for system in settings["systems"]:
+    for system in measured(result):
         info = result["systems"][system]
         out[system] = {}
         for split in SPLITS:
@@ -121,6 +121,22 @@ def summarize(result: dict) -> dict:
                 out[system][split] = _figures(rows, pick(settings["baseline"]), bandwidth, info["weight_bytes"])
         out[system]["rss_mib"] = (info["peak_rss_bytes"] - info["idle_rss_bytes"]) / 2**20
     return out
+
+
+def measured(result: dict) -> List[str]:
+    """The systems of the run that did not fail (a failed system's record has an ``error``), in the run's order."""
+    return [n for n in result["settings"]["systems"] if "error" not in result["systems"].get(n, {"error": None})]
+
+
+def failed(result: dict) -> Dict[str, str]:
+    """``{system: its error}`` for the systems that failed to load or run."""
+    return {n: info["error"] for n, info in result["systems"].items() if "error" in info}
+
+
+def _load_cell(load: Optional[dict]) -> str:
+    if not load or not load.get("start") or not load.get("end"):
+        return ""
+    return f" · load average {load['start'][0]:.2f} at the start, {load['end'][0]:.2f} at the end"
 
 
 def validate(result: dict) -> None:
@@ -183,14 +199,15 @@ def markdown(result: dict) -> str:
         f"prompts {', '.join(f'{k} {v}' for k, v in sets.items())} · {s['max_new_tokens']} new tokens · "
         f"{s['repeats']} repeats, interleaved per {s['interleave']} · greedy · OpenVINO KV cache "
         f"{s['kv_cache_precision'] or 'tool default'}"
-        + (f" · competing load: {s['competing_load']} busy process(es)" if s.get("competing_load") else ""),
+        + (f" · competing load: {s['competing_load']} busy process(es)" if s.get("competing_load") else "")
+        + _load_cell(result.get("load_average")),
     ]
     if result.get("command"):
         lines += ["", f"`{result['command']}`"]
     lines += ["", f"| system | decode tok/s | min-max | vs {base} | TTFT ms | e2e tok/s | acceptance | "
                   "mean accepted length | RSS MiB | % roofline | audit (identical / tie / violation) |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for system in s["systems"]:
+    for system in measured(result):
         f = summary[system]["all"]
         d = f["decode_tokens_per_s"] or {"median": None, "min": None, "max": None}
         lines.append(
@@ -204,11 +221,11 @@ def markdown(result: dict) -> str:
     if len(split_names) > 1:
         lines += ["", "Decode tokens/s by prompt set (ratio to the baseline):", "",
                   "| system | " + " | ".join(split_names) + " |", "|---|" + "---|" * len(split_names)]
-        for system in s["systems"]:
+        for system in measured(result):
             cells = [f"{_fmt(_median(summary[system][n]['decode_tokens_per_s']))} "
                      f"({_fmt(summary[system][n]['ratio_to_baseline'], '.2f', 'x')})" for n in split_names]
             lines.append(f"| {system} | " + " | ".join(cells) + " |")
-    idle = [(system, summary[system]["all"].get("idle_fraction")) for system in s["systems"]]
+    idle = [(system, summary[system]["all"].get("idle_fraction")) for system in measured(result)]
     idle = [(system, f) for system, f in idle if f]
     if idle:
         lines += ["", "Idle fraction (share of wall time a model did not compute):", "",
@@ -221,6 +238,8 @@ def markdown(result: dict) -> str:
               "RSS: the worker's peak minus its RSS before loading. Audit: each output against the plain greedy "
               "output of the same weights (transformers fp32 for hf*, xpuspec plain on the IR for the rest); "
               f"tie = diverged where the plain top-2 margin is under {s['tie_tolerance']:g}."]
+    for system, error in failed(result).items():
+        lines += ["", f"**Failed:** {system}: {error} (its traceback is in the JSON report)"]
     total = result["machine"].get("memory_mib")
     short = [r for r in result["samples"] if is_short(r.get("memory_available_mib"), total)]
     if short:
@@ -257,7 +276,7 @@ def compare(a: dict, b: dict) -> str:
         warnings.append(f"- machines differ: {a['machine']['cpu']} vs {b['machine']['cpu']}")
     lines = [f"## Compare A ({a['created']}) and B ({b['created']})", ""] + warnings + ([""] if warnings else [])
     lines += ["| system | A decode tok/s | B decode tok/s | B/A | A vs baseline | B vs baseline |", "|---|---|---|---|---|---|"]
-    for system in [x for x in a["settings"]["systems"] if x in b["settings"]["systems"]]:
+    for system in [x for x in measured(a) if x in measured(b)]:
         fa, fb = a["summary"][system]["all"], b["summary"][system]["all"]
         da, db = _median(fa["decode_tokens_per_s"]), _median(fb["decode_tokens_per_s"])
         lines.append(f"| {system} | {_fmt(da)} | {_fmt(db)} | {_fmt(db / da if da and db else None, '.2f', 'x')} | "
@@ -278,7 +297,7 @@ def plot(result: dict, path) -> Path:
     import matplotlib.pyplot as plt
 
     s, summary = result["settings"], result["summary"]
-    names = [n for n in s["systems"] if summary[n]["all"]["decode_tokens_per_s"]]
+    names = [n for n in measured(result) if summary[n]["all"]["decode_tokens_per_s"]]
     figures = [summary[n]["all"] for n in names]
     med = [f["decode_tokens_per_s"]["median"] for f in figures]
     err = [[m - f["decode_tokens_per_s"]["min"] for m, f in zip(med, figures)],

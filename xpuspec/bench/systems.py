@@ -453,7 +453,13 @@ class LlamaCppSystem(System):
     """llama.cpp through llama-cpp-python's public API on the model's GGUF file (:func:`gguf_of`): ``Llama``
     plain (``llamacpp``) or with ``draft_model=LlamaPromptLookupDecoding`` (``llamacpp-lookup``). Greedy:
     ``top_k=1``, no repetition penalty; exactly ``max_new_tokens`` tokens (EOS does not stop it); prompts go in as
-    token ids, on as many threads as the machine has cores."""
+    token ids, on as many threads as the machine has cores.
+
+    ``Llama`` is built with ``logits_all=True``: with a draft model llama-cpp-python computes every row's logits
+    whatever is asked, but sizes its ``scores`` array by the argument, ``n_batch`` (512) rows without it, so a
+    prompt past 512 tokens failed ("could not broadcast input array from shape (540672,) into shape (491520,)");
+    and the plain system's reference reads the rows that scored its tokens. It costs the logits of every prompt
+    token in the prefill (TTFT), not decode steps, which compute one row plain."""
 
     family = "gguf"
     requires = ("llama_cpp", "xpuspec[llamacpp]")
@@ -463,7 +469,7 @@ class LlamaCppSystem(System):
 
         gguf = gguf_of(self.setup.model)
         threads = os.cpu_count() or 1
-        extra, settings = {}, {"gguf": str(gguf), "n_threads": threads}
+        extra, settings = {}, {"gguf": str(gguf), "n_threads": threads, "logits_all": True}
         if self.name == "llamacpp-lookup":
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -471,7 +477,7 @@ class LlamaCppSystem(System):
             extra["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=k)
             settings.update(num_pred_tokens=k)
         self.llm = Llama(model_path=str(gguf), n_ctx=LLAMACPP_CONTEXT, n_threads=threads, n_threads_batch=threads,
-                         seed=0, verbose=False, **extra)
+                         logits_all=True, seed=0, verbose=False, **extra)
         self.weight_bytes = gguf.stat().st_size
         return settings
 

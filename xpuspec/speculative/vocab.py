@@ -19,13 +19,12 @@ tokens, more than the 32768 lowest ids do, and cut a 0.5B draft's step by about 
 
 import json
 import logging
-import os
 import sysconfig
 from collections import Counter
 from pathlib import Path
 from typing import List
 
-from ..cache import cache_root, digest, file_sha256
+from ..cache import cache_root, digest, file_sha256, write_text_atomic
 
 log = logging.getLogger("xpuspec")
 
@@ -74,10 +73,7 @@ def token_ranking(tokenizer_folder) -> List[int]:
         counts.update(tokenizer(text, add_special_tokens=False).input_ids)
     first = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     ranking = sorted(range(len(tokenizer)), key=lambda i: (i not in first, -counts[i], i))
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # renamed into place: a reader never sees half a file
-    tmp.write_text(json.dumps(ranking))
-    tmp.replace(cached)
+    write_text_atomic(cached, json.dumps(ranking), "recording the draft's token ranking")
     return ranking
 
 
