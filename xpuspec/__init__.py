@@ -15,6 +15,7 @@ from .errors import (
     DeviceNotFoundError,
     DraftMismatchError,
     GenerationConfigError,
+    GGUFTokenizerError,
     InvalidInputError,
     KVBudgetError,
     LowBitConfigError,
@@ -45,7 +46,7 @@ __all__ = [
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
     "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError", "KVBudgetError",
-    "BatchNotSupportedError", "NumericsError",
+    "BatchNotSupportedError", "NumericsError", "GGUFTokenizerError",
 ]
 
 

@@ -87,3 +87,9 @@ class BatchNotSupportedError(XpuspecError, NotImplementedError):
 class NumericsError(XpuspecError, FloatingPointError):
     """A model's logits contain NaN or infinity in the format it was loaded in (fp16 activations that overflow,
     damaged weights): its output would be garbage, so it is refused rather than used."""
+
+
+class GGUFTokenizerError(PullError):
+    """The tokenizer converted from a GGUF file encodes text differently from the tokenizer its own metadata describes
+    (vocabulary, scores or merges, token types, BOS/EOS, pre-tokenizer), and rebuilding it from that metadata did not
+    fix it: the message names the text, the first differing token and both ids."""
