@@ -192,18 +192,23 @@ def test_the_check_names_the_first_differing_token(tiny_spm_gguf):
     assert f"but the GGUF's own tokenizer gives {sp.id_to_piece(first)!r} (id {first})" in mismatch.describe()
 
 
-def test_a_broken_converted_tokenizer_is_rebuilt(tiny_spm_gguf, cache, monkeypatch, caplog):
-    path, sp = tiny_spm_gguf
+def _break_conversion(monkeypatch):
+    """Make transformers' conversion give :func:`_broken` tokenizers."""
     convert = sources._convert_gguf
 
     def broken_conversion(gguf):
-        model, tokenizer = convert(gguf)
         from transformers import PreTrainedTokenizerFast
 
+        model, tokenizer = convert(gguf)
         return model, PreTrainedTokenizerFast(tokenizer_object=_broken(tokenizer.backend_tokenizer),
                                               bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
 
     monkeypatch.setattr(sources, "_convert_gguf", broken_conversion)
+
+
+def test_a_broken_converted_tokenizer_is_rebuilt(tiny_spm_gguf, cache, monkeypatch, caplog):
+    path, sp = tiny_spm_gguf
+    _break_conversion(monkeypatch)
     folder = sources.pull_gguf(path)
     assert "does not encode like the GGUF's own" in caplog.text
     assert json.loads((folder / "xpuspec.json").read_text())["tokenizer"] == "rebuilt from the GGUF's metadata"
@@ -216,6 +221,7 @@ def test_a_broken_converted_tokenizer_is_rebuilt(tiny_spm_gguf, cache, monkeypat
 
 def test_an_unrepairable_tokenizer_is_refused_remembered_and_forced(tiny_spm_gguf, cache, monkeypatch):
     path, sp = tiny_spm_gguf
+    _break_conversion(monkeypatch)
     rebuild = gt.rebuild_tokenizer
     monkeypatch.setattr(gt, "rebuild_tokenizer", lambda folder, reference, *a: rebuild(folder, _broken(reference), *a))
     with pytest.raises(GGUFTokenizerError, match=r"does not encode like the GGUF's own, even rebuilt from the GGUF's "
