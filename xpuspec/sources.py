@@ -261,7 +261,8 @@ def _convert_gguf(gguf: Path):
     SentencePiece-style decoder chain decodes the same text for every vocabulary token but cannot
     be converted by openvino-tokenizers); added tokens with ids the model has no logits for
     (CodeLlama's fill-in-the-middle tokens, ids 49152-49156 on a 49152-row SmolLM2) are dropped;
-    and EOS is taken from the model config, since the conversion sets it to the BOS token.
+    and EOS is taken from the model config, since the conversion sets it to the BOS token. The tokenizer is then
+    checked against the GGUF's own, and rebuilt from the GGUF's metadata where it differs, by :func:`_convert_into`.
     """
     import torch
     from tokenizers import Tokenizer, decoders, pre_tokenizers
