@@ -54,7 +54,8 @@ def sentencepiece_kind(request, tmp_path_factory):
     spm.SentencePieceTrainer.train(
         input=str(_corpus(folder)), model_prefix=str(folder / "sp"), model_type="bpe", vocab_size=1500,
         byte_fallback=True, character_coverage=0.9995, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=not gemma, split_digits=True, split_by_whitespace=False, user_defined_symbols=user,
+        remove_extra_whitespaces=False, add_dummy_prefix=not gemma, split_digits=True, split_by_whitespace=False,
+        user_defined_symbols=user,
         minloglevel=2, num_threads=1, **ids)
     sp = spm.SentencePieceProcessor(model_file=str(folder / "sp.model"))
     types = []

