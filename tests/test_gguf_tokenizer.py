@@ -237,6 +237,7 @@ def test_an_unrepairable_tokenizer_is_refused_remembered_and_forced(tiny_spm_ggu
 
     calls = []
     monkeypatch.setattr(sources, "_convert_into", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(sources, "file_sha256", lambda p: pytest.fail("the unchanged file was hashed again"))
     with pytest.raises(PullError, match=r"Remembered: converting this file .* failed") as again:
         sources.pull_gguf(path)
     assert str(first.value) in str(again.value) and f"xpuspec pull {path.name} --force" in str(again.value)
@@ -244,6 +245,7 @@ def test_an_unrepairable_tokenizer_is_refused_remembered_and_forced(tiny_spm_ggu
     assert not list(models.glob("*.lock"))
 
     monkeypatch.setattr(sources, "_convert_into", lambda gguf, final, *a: (calls.append(gguf), final.mkdir()))
+    monkeypatch.setattr(sources, "file_sha256", lambda p: sha)
     assert sources.pull_gguf(path, force=True) == models / f"gguf-{sha}"
     assert calls == [path] and not sources.failure_record(sha).exists()  # a success forgets the failure
 

@@ -420,6 +420,10 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelSourceError(f"No such GGUF file: {str(path)!r}.")
+    if not force:  # a remembered failure of this very file (path, size, mtime) answers before the file is hashed
+        known = _failed_sha256_of(path)
+        if known is not None and (sha256 is None or sha256.strip().lower() == known):
+            _raise_remembered_failure(known, path.name)
     actual = file_sha256(path)
     if sha256 is not None and sha256.strip().lower() != actual:
         raise PullError(f"{path} has sha256 {actual}, not the expected {sha256.strip().lower()}; the file is not the "
@@ -432,7 +436,8 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
     with _lock_removed_on_failure(final):
         if final.is_dir() and not force:
             return final
-        _convert_remembering(lambda: path, final, path.name, actual, source=str(path.resolve()))
+        _convert_remembering(lambda: path, final, path.name, actual, source=str(path.resolve()),
+                             file_key=_file_key(path))
     return final
 
 
@@ -443,11 +448,30 @@ def failure_record(sha256: str) -> Path:
 
 
 def _versions() -> dict:
-    import transformers
+    from importlib.metadata import version
 
     from . import __version__
 
-    return {"transformers": transformers.__version__, "xpuspec": __version__}
+    return {"transformers": version("transformers"), "xpuspec": __version__}
+
+
+def _file_key(path: Path) -> list:
+    """``[resolved path, size, mtime_ns]``: the same file, unchanged, without hashing it."""
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def _failed_sha256_of(path: Path) -> Optional[str]:
+    """The sha256 under which a failed conversion of ``path`` (same place, size and mtime) is remembered, or
+    ``None``; lets a retry answer without hashing a large file."""
+    key = _file_key(path)
+    for record in (cache_root() / "models").glob("gguf-*.failed"):
+        try:
+            if json.loads(record.read_text()).get("file") == key:
+                return record.name[len("gguf-"):-len(".failed")]
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
 
 
 def _raise_remembered_failure(sha256: str, name: str) -> None:
@@ -482,9 +506,11 @@ def _lock_removed_on_failure(final: Path):
         raise
 
 
-def _convert_remembering(get_gguf, final: Path, name: str, sha256: str, source: str) -> None:
+def _convert_remembering(get_gguf, final: Path, name: str, sha256: str, source: str,
+                         file_key: Optional[list] = None) -> None:
     """:func:`_convert_into` the GGUF ``get_gguf()`` returns; remember a :class:`PullError` of the conversion per
-    sha256 (:func:`failure_record`), forget an earlier one on success. Download errors are not remembered."""
+    sha256 (:func:`failure_record`, with ``file_key``: :func:`_file_key` of a user's file), forget an earlier one on
+    success. Download errors are not remembered."""
     gguf = get_gguf()
     record = failure_record(sha256)
     try:
@@ -492,7 +518,7 @@ def _convert_remembering(get_gguf, final: Path, name: str, sha256: str, source: 
     except PullError as exc:
         tmp = record.with_name(record.name + ".partial")
         tmp.write_text(json.dumps({"message": str(exc), "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                                   **_versions()}, indent=2))
+                                   "file": file_key, **_versions()}, indent=2))
         tmp.replace(record)
         raise
     record.unlink(missing_ok=True)
