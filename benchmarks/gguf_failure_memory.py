@@ -44,7 +44,7 @@ def main() -> int:
             os.environ["XPUSPEC_CACHE"] = env["XPUSPEC_CACHE"]
             sources.pull_gguf(damaged)
         except sources.PullError:
-            print(f"second attempt in-process (pull_gguf, sha256 included): {time.perf_counter() - began:.3f} s")
+            print(f"second attempt in-process (pull_gguf; the unchanged file is matched by path, size and mtime, not hashed): {time.perf_counter() - began:.3f} s")
         finally:
             if env_cache is None:
                 os.environ.pop("XPUSPEC_CACHE", None)
