@@ -26,6 +26,7 @@ from .cache import METADATA_FILE, atomic_folder, cache_root, file_sha256, read_m
 from .errors import ModelSourceError, PullError
 from .hf_folder import check_hf_folder
 from .lowbit import LowBitConfig
+from .progress import in_a_phase
 
 log = logging.getLogger("xpuspec")
 
@@ -424,6 +425,7 @@ def pull_gguf(path, sha256: Optional[str] = None, force: bool = False) -> Path:
 _GGUF_ARCHITECTURE_NAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "minimax-m2": "minimax_m2"}
 
 
+@in_a_phase(lambda gguf, final, name, *args, **kwargs: f"convert {name}")
 def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str) -> None:
     """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, gate it, and rename it to ``final``.
 

@@ -15,6 +15,7 @@ from xpuspec.cache import METADATA_FILE, cache_root, read_metadata
 from xpuspec.devices import Backend, DeviceInfo
 from xpuspec.errors import DeviceNotFoundError, PipelineConfigError
 from xpuspec.lowbit import LowBitConfig
+from xpuspec.progress import phase
 
 log = logging.getLogger("xpuspec")
 
@@ -217,12 +218,15 @@ class OpenVINOBackend(Backend):
             check_bf16(self.core, d)
         folder = prepare_ir(source, low_bit)
         configs = [compile_config(d, ov_config, paged=paged, bf16=bf16) for d in devices]
-        if paged:
-            if _kind(devices[0]) == "cpu":
-                check_cpu_cache_precision(self.core, devices[0], configs[0])
-            return PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens,
-                               is_cpu=_kind(devices[0]) == "cpu")
-        return OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens)
+        if paged and _kind(devices[0]) == "cpu":
+            check_cpu_cache_precision(self.core, devices[0], configs[0])
+        fmt = (low_bit or source.saved_low_bit or _FP32).format
+        with phase(f"compile {source.name} ({fmt}) for {','.join(devices)}") as bar:
+            runner = (PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens,
+                                  is_cpu=_kind(devices[0]) == "cpu") if paged
+                      else OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens))
+            bar.update(1)
+        return runner
 
     def check(self, source, device: str, low_bit) -> None:
         """Refuse an architecture optimum-intel cannot export (a Hugging Face source) and bf16 where the device
