@@ -5,6 +5,7 @@ OpenVINO's logs and internal hashes only with ``-v`` (xpuspec/progress.py, issue
 On a tiny random Llama in an empty cache, so that every phase runs (export, four NNCF compressions, the measurement
 of the formats, compile), and on the real SmolLM2 GGUF for the conversion."""
 
+import json
 import os
 import re
 import subprocess
@@ -23,18 +24,27 @@ BAR = re.compile(r"^[\w .,()/-]+: +\d+%\|")
 
 
 def _run(*args, cache, timeout=900):
-    return subprocess.run([sys.executable, "-m", "xpuspec", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "XPUSPEC_CACHE": str(cache)})
+    """The command's result, its output decoded as it was written (text mode would turn a bar's \r into \n)."""
+    done = subprocess.run([sys.executable, "-m", "xpuspec", *map(str, args)], capture_output=True, timeout=timeout,
+                          env={**os.environ, "XPUSPEC_CACHE": str(cache)})
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def _lines(stderr: str):
     """stderr as the terminal shows it: each line's last \\r-separated state, empty ones dropped."""
-    return [line.split("\r")[-1].strip() for line in stderr.splitlines() if line.split("\r")[-1].strip()]
+    shown = (line.split("\r")[-1].strip() for line in stderr.split("\n"))  # str.splitlines would split at \r too
+    return [line for line in shown if line]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return tiny_model(tmp_path_factory.mktemp("tiny"), seed=3)
+    """A tiny Llama whose context holds the perplexity windows ``auto`` measures with (rotary positions: the
+    longer context needs no new weights)."""
+    folder = tiny_model(tmp_path_factory.mktemp("tiny"), seed=3)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 1024
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
 
 
 def test_the_first_auto_run_shows_bars_and_a_few_lines(tiny, tmp_path):

@@ -6,7 +6,8 @@ OpenVINO's logs) kept out of sight unless asked for.
 
 - ``QUIET`` (0, the ``xpuspec`` command's default): each :func:`phase` shows one bar; inside it, records below
   WARNING of every logger (xpuspec's own included), Python warnings, transformers' progress bars, NNCF's log and
-  whatever the libraries print to stdout (NNCF's rich bar and tables) are dropped. A phase inside another shows no
+  whatever the libraries print to stdout and stderr (NNCF's rich bar and tables, other tqdm bars) are dropped;
+  logging handlers made before keep the real stderr, so warnings and errors still show. A phase inside another shows no
   bar of its own: the outer bar stands for both.
 - ``VERBOSE`` (1, ``-v``; the library's default): the bars, and everything the libraries print.
 
@@ -72,7 +73,7 @@ def quiet_libraries() -> Iterator[None]:
     nncf_logger.setLevel(logging.ERROR)
     logging.disable(logging.INFO)
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(_devnull()):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(_devnull()), contextlib.redirect_stderr(_devnull()):
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -96,14 +97,14 @@ def phase(description: str, total: int = 1, unit: str = "step"):
     outer = getattr(_state, "depth", 0)
     _state.depth = outer + 1
     try:
-        with quiet_libraries():
-            if outer:
+        if outer:
+            with quiet_libraries():
                 yield _Silent()
-                return
-            with tqdm(total=total, desc=description, unit=unit, file=sys.stderr, leave=True,
-                      bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
-                      ) as bar:
-                yield bar
+            return
+        with tqdm(total=total, desc=description, unit=unit, file=sys.stderr, leave=True,  # the real stderr
+                  bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+                  ) as bar, quiet_libraries():
+            yield bar
     finally:
         _state.depth = outer
 
