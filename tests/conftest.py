@@ -15,14 +15,23 @@ PROMPTS = [
 MODEL = "smollm2-135m-instruct"
 
 
+#: Tiers outside the default run (the README's ``python -m pytest -q``): each runs only when ``-m`` names it
+#: (docs/testing.md gives each tier's command and budget).
+TIERS = {
+    "slow": "needs a model larger than SmolLM2 (the Qwen2.5-Coder pair): run it with -m slow",
+    "soak": "a long soak of the server: run it with -m soak",
+    "matrix": "a long exactness sweep: run it with -m matrix",
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``matrix`` (long exactness sweeps) run only when ``-m`` names them."""
-    if "matrix" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="a long sweep: run it with -m matrix")
+    """Tests marked with a tier of :data:`TIERS` run only when ``-m`` names the tier; the default run skips them."""
+    named = config.getoption("-m") or ""
+    skips = {tier: pytest.mark.skip(reason=why) for tier, why in TIERS.items() if tier not in named}
     for item in items:
-        if "matrix" in item.keywords:
-            item.add_marker(skip)
+        for tier, skip in skips.items():
+            if tier in item.keywords:
+                item.add_marker(skip)
 
 
 def cpu_computes_bf16() -> bool:

@@ -33,9 +33,17 @@ def test_roofline_arithmetic_on_a_known_case():
         roofline.roofline_tokens_per_s(0, 1)
 
 
-def test_read_bandwidth_is_plausible():
-    bandwidth = roofline.read_bandwidth(array_bytes=64 * 2**20, passes=2)
-    assert 1e8 < bandwidth < 1e12  # between 0.1 GB/s and 1 TB/s
+def test_read_bandwidth_is_the_bytes_over_the_fastest_pass(monkeypatch):
+    """Deterministic: the clock is a stand-in that makes the passes take 2, 0.5 and 1 s; the bandwidth is the array's
+    bytes over the fastest, and every byte was summed once per pass (the sums count them)."""
+    ticks = iter([0.0, 2.0, 10.0, 10.5, 20.0, 21.0])
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(ticks))
+    sums = []
+    real_sum = roofline.np.sum
+    monkeypatch.setattr(roofline.np, "sum", lambda part: sums.append(part.size) or real_sum(part))
+    array_bytes = 4 * 2**20
+    assert roofline.read_bandwidth(array_bytes=array_bytes, passes=3, threads=2) == array_bytes / 0.5
+    assert sum(sums) == 4 * (array_bytes // 4) and len(sums) == 4 * 2  # the warm-up and 3 timed passes, 2 parts each
 
 
 def test_prompt_spec():
@@ -112,7 +120,9 @@ def test_every_system_runs_on_tiny_models(tiny_report):
     report.validate(tiny_report)
     samples = tiny_report["samples"]
     assert len(samples) == len(SYSTEMS) * 2 * 2
-    assert all(s["new_tokens"] == 8 and s["ttft_s"] > 0 and s["total_s"] >= s["ttft_s"] for s in samples)
+    assert all(s["new_tokens"] == 8 for s in samples)
+    # the call's clock: its first token, then its last, then its return (ttft + decode <= total)
+    assert all(0 <= s["ttft_s"] and 0 <= s["decode_s"] and s["ttft_s"] + s["decode_s"] <= s["total_s"] for s in samples)
     total = tiny_report["machine"]["memory_mib"]
     assert total > 0 and all(0 < s["memory_available_mib"] <= total for s in samples)
     with open("/proc/loadavg") as f:  # the kernel's own figures, read after the run
@@ -213,6 +223,39 @@ def test_the_schema_takes_every_system_family(tiny_report):
         report.validate(report_)
 
 
+def test_ttft_covers_the_prefill(ov_int8, tokenizer):
+    """The bench's clock of a call (its streamer) against the engine's own of the same call: the first token
+    arrives after the call began, after the target's prefill forward (``prefill_s``, timed inside the engine) and
+    no later than the engine's own first token; every token comes through the streamer, one step at a time."""
+    from xpuspec.bench.systems import Arrivals, _hf_streamer
+
+    ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
+    arrivals = Arrivals()
+    out = ov_int8.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                           streamer=_hf_streamer(arrivals))
+    stats = ov_int8.last_generate_stats
+    sample = arrivals.sample(out[0, ids.shape[1]:].tolist())
+    assert len(sample.tokens) == sum(arrivals.sizes) == 12 and sample.steps == len(arrivals.sizes)
+    assert 0 < stats.prefill_s <= sample.ttft_s, (stats.prefill_s, sample.ttft_s)
+    assert stats.prefill_s <= stats.ttft_s
+    assert sample.ttft_s + sample.decode_s <= sample.total_s
+
+
+def test_arrivals_on_a_stand_in_clock(monkeypatch):
+    """Arrivals' arithmetic, exactly: start at 1 s, 1 token at 1.25 s, 2 at 1.5 s, the return at 2 s."""
+    from xpuspec.bench import systems
+
+    ticks = iter([1.0, 1.25, 1.5, 2.0])
+    monkeypatch.setattr(systems.time, "perf_counter", lambda: next(ticks))
+    arrivals = systems.Arrivals()
+    arrivals.add(1)
+    arrivals.add(0)  # an empty step is no arrival
+    arrivals.add(2)
+    sample = arrivals.sample([7, 8, 9])
+    assert (sample.ttft_s, sample.decode_s, sample.total_s, sample.steps, sample.first_step_tokens) == (
+        0.25, 0.25, 1.0, 2, 1)
+
+
 def _cli(*args, timeout=900):
     return subprocess.run([sys.executable, "-m", "xpuspec", "bench", *args], capture_output=True, text=True,
                           timeout=timeout)
@@ -239,7 +282,8 @@ def test_batch_size_runs_the_batched_bench(smollm2_path, tmp_path):
     results = json.loads(out.read_text())
     assert [r["system"] for r in results] == ["xpuspec-lookup"]
     assert set(results[0]["by_batch"]) == {"1", "3"} and len(results[0]["rounds"]) == 1
-    assert all(f["aggregate"] > 0 and f["ttft_ms"] > 0 for f in results[0]["by_batch"].values())
+    for size, figures in results[0]["by_batch"].items():  # counts, not speeds: every row made its 6 tokens
+        assert figures["new_tokens"] == 6 * int(size) and 0 <= figures["accepted"] <= figures["drafted"], figures
     assert sum(line.startswith("| xpuspec-lookup |") for line in done.stdout.splitlines()) == 2
     assert results[0]["ov_config"] == {"ENABLE_CPU_PINNING": False}  # as the single-request bench
     (load,) = results[0]["load_average"]

@@ -4,6 +4,7 @@ the draft on a second device and with the target split into pipeline stages; the
 bookkeeping (keep, restart, errors) is checked on a deterministic fake draft."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -93,15 +94,47 @@ def cpu_aliases():
 
 
 def _check_identical(model, tokenizer, prompts):
+    """Identity, and the draft's busy time against what the test sees: each token the target was offered came from
+    one draft step of the worker thread (counted here), and the worker was busy no longer than the call lasted."""
     drafted = 0
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         expected = model.generate(ids, max_new_tokens=64, do_sample=False, speculative=False)
-        assert torch.equal(model.generate(ids, max_new_tokens=64, do_sample=False), expected), prompt
+        worker_steps = []
+        next_logits = ModelDrafter.next_logits
+
+        def counted(self, prefix):
+            if threading.current_thread().name == "xpuspec-draft":
+                worker_steps.append(len(prefix))
+            return next_logits(self, prefix)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ModelDrafter, "next_logits", counted)
+            start = time.perf_counter()
+            assert torch.equal(model.generate(ids, max_new_tokens=64, do_sample=False), expected), prompt
+            wall = time.perf_counter() - start
         stats = model.last_generate_stats
         drafted += stats.drafted_tokens
-        assert 0 < stats.draft_busy_s and all(0 <= f <= 1 for f in stats.idle_fractions.values())
+        assert len(worker_steps) >= stats.drafted_tokens > 0, (len(worker_steps), stats.drafted_tokens)
+        assert 0 < stats.draft_busy_s <= wall and all(0 <= f <= 1 for f in stats.idle_fractions.values())
     assert drafted > 50  # speculation really ran
+
+
+def test_busy_time_is_the_sum_of_the_draft_steps(monkeypatch):
+    """On a stand-in clock that advances 0.5 s per reading, each worker step is busy exactly 0.5 s."""
+    from xpuspec.speculative import overlap
+
+    readings = iter(range(10**6))
+    monkeypatch.setattr(overlap.time, "perf_counter", lambda: 0.5 * next(readings))
+    draft = CountingDraft()
+    drafter = _begun(OverlappedDrafter(draft, max_ahead=3), [0])
+    assert drafter.propose(Widths(1, 0)).tokens[0] == 1
+    for _ in range(1000):
+        if len(drafter._ahead) >= 3:
+            break
+        threading.Event().wait(0.01)
+    drafter.end()
+    assert draft.calls == 3 and drafter.busy_s == 0.5 * draft.calls
 
 
 def test_overlapped_self_draft_on_another_device_is_identical(smollm2_path, tokenizer, cpu_aliases):

@@ -397,6 +397,7 @@ SOAK_TIME_LIMIT_S = 900
 SOAK_RSS_GROWTH_MIB = 64
 
 
+@pytest.mark.soak
 def test_soak(server, tokenizer):
     """~200 requests from 8 threads: completions and chat, streamed and not, every mode; none lost, RSS bounded,
     /metrics counters equal to the sums of the per-request usage."""

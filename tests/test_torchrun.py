@@ -10,7 +10,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -121,20 +120,22 @@ def test_cli_prints_on_rank_0_only(tiny):
 
 
 def test_cli_world_size_must_equal_stages(tiny):
-    started = time.monotonic()
+    """Refused before the model loads (no rank logs a load) and before any rank waits for another (a hang would
+    end in the subprocess timeout, a hang guard)."""
     done = _torchrun("-m", "xpuspec", "generate", "--model", tiny, "--backend", "torch", "--low-bit", "none",
                      "--pipeline-parallel-stages", "3", "w1")
-    assert done.returncode != 0 and time.monotonic() - started < 120
+    assert done.returncode != 0
     assert "3 pipeline stages but torchrun started 2 processes; run `torchrun --nproc-per-node 3" in done.stderr
+    assert not re.search(r"loaded \S+ on cpu", done.stderr) and "could not join" not in done.stderr, done.stderr[-3000:]
 
 
 def test_crashed_rank_ends_the_others(tiny, tmp_path):
     """Rank 1 exits after its first forward; rank 0 raises PipelineError: it finds the closed connection,
-    or torchrun stops it with SIGTERM first (both messages are xpuspec's). No hang."""
-    started = time.monotonic()
+    or torchrun stops it with SIGTERM first (both messages are xpuspec's). No hang: a hang ends in the subprocess
+    timeout (a hang guard, not a speed check)."""
     done = _torchrun(WORKER, tiny, tmp_path / "out.pt", 2, "-", 8, "w1 w2 w3",
-                     env={"CRASH_RANK": "1", TIMEOUT_ENV: "20"}, timeout=180)
-    assert done.returncode != 0 and time.monotonic() - started < 150
+                     env={"CRASH_RANK": "1", TIMEOUT_ENV: "20"})
+    assert done.returncode != 0
     assert ("PipelineError: rank 0 lost rank 1 while" in done.stderr
             or "PipelineError: rank 0 was stopped by SIGTERM: torchrun stops every rank when one of them fails"
             in done.stderr), done.stderr[-3000:]

@@ -186,10 +186,28 @@ def _eval(args) -> int:
     return 0
 
 
+def _set_verbosity(level: int, log_level: str) -> None:
+    """0: one progress bar per long phase, xpuspec's INFO lines outside them, the libraries quiet
+    (:mod:`xpuspec.progress`); 1 (``-v``): the libraries' output and their INFO logs too; 2 (``-vv``): debug lines.
+    ``--log-level`` other than INFO sets xpuspec's level itself."""
+    from .progress import QUIET, VERBOSE, set_verbosity
+
+    set_verbosity(QUIET if level == 0 else VERBOSE)
+    logging.basicConfig(level=logging.INFO if level else logging.WARNING, format="xpuspec: %(message)s")
+    if log_level != "INFO":
+        logging.getLogger("xpuspec").setLevel(log_level)
+    else:
+        logging.getLogger("xpuspec").setLevel(logging.DEBUG if level >= 2 else logging.INFO)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xpuspec", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         type=str.upper, help="logging level (default INFO)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, dest="verbosity",
+                        help="show the libraries' own output too (NNCF's tables, OpenVINO's and transformers' logs and "
+                             "warnings) and xpuspec's details; -vv adds debug lines. Default: one progress bar per long "
+                             "phase and a few lines")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("devices", help="list devices and the backend serving each")
@@ -230,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "gpu.0,gpu.1), or under `torchrun --nproc-per-node N` one per process (torch backend)")
     p.add_argument("--split", type=_split, default=None, metavar="N0,N1,...",
                    help="decoder layers per pipeline stage (default: balanced by weight bytes)")
-    p.add_argument("--verbose", action="store_true", help="print where the models run and their weight sizes")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="print where the models run and their weight sizes, and what `xpuspec -v` shows")
     p.add_argument("--force", action="store_true",
                    help="convert a GGUF file or built-in --model again, even if cached or if its conversion failed "
                         "before")
@@ -301,7 +320,7 @@ def main(argv=None) -> int:
     from .errors import XpuspecError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="xpuspec: %(message)s")
+    _set_verbosity(args.verbosity + getattr(args, "verbose", 0), args.log_level.upper())
     try:
         return args.run(args)
     except (XpuspecError, NotImplementedError, ValueError, TypeError, OSError) as exc:

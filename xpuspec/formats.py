@@ -25,6 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple
 from .cache import cache_root, check_writable, digest, folder_fingerprint, write_text_atomic
 from .errors import LowBitConfigError
 from .lowbit import LowBitConfig
+from .progress import minutes_text, phase
 
 log = logging.getLogger("xpuspec")
 
@@ -96,23 +97,40 @@ Load = Callable[[LowBitConfig], object]
 
 def measure_formats(load: Load, tokenizer, formats: Sequence[str] = CANDIDATES) -> Tuple[FormatMeasure, ...]:
     """Load each of ``formats`` with ``load`` (a ``LowBitConfig`` -> xpuspec model) and measure it (module doc).
-    fp32 is measured first, as the reference, whether listed or not."""
-    import gc
-
-    import torch
-
-    from .perplexity import eval_texts, perplexity
+    fp32 is measured first, as the reference, whether listed or not. One progress bar (:func:`xpuspec.progress.phase`)."""
+    from .perplexity import eval_texts
 
     texts = eval_texts(tokenizer, None, PPL_TOKENS)
     prompt = texts["code"][:32][None]
     order = [REFERENCE] + [f for f in formats if f != REFERENCE]
     found, reference = [], None
-    for name in order:
-        try:
-            model = load(LowBitConfig(name))
-        except LowBitConfigError as exc:  # a format this backend does not run (the torch one has no INT)
-            log.debug("auto format: %s skipped: %s", name, exc)
-            continue
+    with phase(f"measure {len(order)} weight formats", total=len(order), unit="format") as bar:
+        for name in order:
+            bar.set_postfix_str(name)
+            measure = _measure_one(load, name, texts, prompt, reference)
+            bar.update(1)
+            if measure is None:
+                continue
+            reference = measure.perplexity if reference is None else reference
+            found.append(measure)
+    return tuple(found)
+
+
+def _measure_one(load: Load, name: str, texts, prompt, reference: Optional[float]) -> Optional[FormatMeasure]:
+    """One format of :func:`measure_formats` (``reference``: fp32's perplexity, ``None`` while measuring fp32);
+    ``None`` where the backend does not run it."""
+    import gc
+
+    import torch
+
+    from .perplexity import perplexity
+
+    try:
+        model = load(LowBitConfig(name))
+    except LowBitConfigError as exc:  # a format this backend does not run (the torch one has no INT)
+        log.debug("auto format: %s skipped: %s", name, exc)
+        return None
+    try:
         nll = count = 0.0
         for ids in texts.values():
             n = len(ids) - 1
@@ -125,13 +143,32 @@ def measure_formats(load: Load, tokenizer, formats: Sequence[str] = CANDIDATES) 
             with torch.no_grad():
                 model.generate(prompt, max_new_tokens=SPEED_TOKENS, min_new_tokens=SPEED_TOKENS, do_sample=False)
             best = min(best, time.perf_counter() - start)
-        found.append(FormatMeasure(name, ppl, ppl / reference - 1, SPEED_TOKENS / best,
-                                   model.runner.weight_bytes / 2**20))
-        log.debug("auto format: %s perplexity %.3f (%+.2f%%), %.1f tokens/s", name, ppl, 100 * (ppl / reference - 1),
-                  SPEED_TOKENS / best)
+        measure = FormatMeasure(name, ppl, ppl / reference - 1, SPEED_TOKENS / best, model.runner.weight_bytes / 2**20)
+        log.debug("auto format: %s perplexity %.3f (%+.2f%%), %.1f tokens/s", name, ppl, 100 * measure.ppl_delta,
+                  measure.tokens_per_s)
+        return measure
+    finally:
         del model
         gc.collect()
-    return tuple(found)
+
+
+#: Seconds :func:`measure_formats` takes per GB of fp32 weights on 2 cores, all six formats (NNCF compression, compile,
+#: perplexity, speed), export to OpenVINO IR included: SmolLM2-135M (0.54 GB) took about 110 s on 2 quiet cores
+#: (benchmarks/results/first-run.md). Only for the estimate said at the start.
+MEASURE_S_PER_GB_2_CORES = 200.0
+
+
+def estimate_seconds(folder) -> Optional[float]:
+    """About how long :func:`measure_formats` takes for the Hugging Face model in ``folder``, from its weight
+    files' size (:data:`MEASURE_S_PER_GB_2_CORES`) and the cores this process may use; ``None`` if unknown."""
+    import os
+    from pathlib import Path
+
+    size = sum(p.stat().st_size for pattern in ("*.safetensors", "*.bin") for p in Path(folder).glob(pattern))
+    if not size:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return MEASURE_S_PER_GB_2_CORES * size / 1e9 * 2 / max(2, min(cores, 8))
 
 
 def measures_path(folder, identity: dict, compile_config: Optional[dict] = None):
@@ -167,8 +204,9 @@ def auto_format(folder, identity: dict, load: Load, tokenizer_factory: Callable[
     if measures is None:
         what = "load_in_low_bit='auto' (measuring the formats once on this device)"
         check_writable(path.parent, what)  # before minutes of measuring, not after
-        log.info("load_in_low_bit='auto': measuring %s on this device once (cached in %s)", ", ".join(CANDIDATES),
-                 path.parent)
+        log.info("load_in_low_bit='auto': the first load on this device measures %d weight formats once (%s; %s); "
+                 "later loads read the measurements from %s", len(CANDIDATES), minutes_text(estimate_seconds(folder)),
+                 ", ".join(CANDIDATES), path.parent)
         measures = measure_formats(load, tokenizer_factory())
         write_text_atomic(path, json.dumps({"identity": identity, "measures": [asdict(m) for m in measures]},
                                            indent=1), what)
@@ -179,6 +217,8 @@ def auto_format(folder, identity: dict, load: Load, tokenizer_factory: Callable[
              100 * chosen.ppl_delta, 100 * bound, chosen.tokens_per_s,
              "" if fastest is chosen else f"; the fastest, {fastest.format} ({fastest.tokens_per_s:.1f} tokens/s), "
              f"is {100 * fastest.ppl_delta:+.1f}%")
+    log.info("the compressed weights and the measurements are cached in %s (XPUSPEC_CACHE moves the cache)",
+             cache_root())
     return choice
 
 

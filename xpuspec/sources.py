@@ -31,6 +31,7 @@ from .errors import CacheNotWritableError, DiskFullError, ModelSourceError, Pull
 from .gguf_tokenizer import check_converted_tokenizer
 from .hf_folder import check_hf_folder
 from .lowbit import LowBitConfig
+from .progress import in_a_phase
 
 log = logging.getLogger("xpuspec")
 
@@ -571,6 +572,7 @@ def _saved_size(model, tokenizer) -> str:
     return f"about {human_size(sum(tensors.values()) + len(tokenizer.backend_tokenizer.to_str()))}"
 
 
+@in_a_phase(lambda gguf, final, name, *args, **kwargs: f"convert {name}")
 def _convert_into(gguf: Path, final: Path, name: str, sha256: str, source: str,
                   pad_token: Optional[str] = None) -> None:
     """Convert ``gguf`` (:func:`_convert_gguf`) into a temporary folder, check its tokenizer against the GGUF's own

@@ -15,6 +15,7 @@ from xpuspec.cache import METADATA_FILE, cache_root, read_metadata
 from xpuspec.devices import Backend, DeviceInfo
 from xpuspec.errors import DeviceNotFoundError, PipelineConfigError
 from xpuspec.lowbit import LowBitConfig
+from xpuspec.progress import phase
 
 log = logging.getLogger("xpuspec")
 
@@ -225,13 +226,18 @@ class OpenVINOBackend(Backend):
             for d, config in zip(devices, configs):
                 if _kind(d) == "cpu":
                     check_cpu_cache_precision(self.core, d, config)
-        if paged and len(devices) > 1:
-            return PagedStagesRunner(self.core, folder, devices, configs, split, head_tokens=head_tokens,
-                                     is_cpu=[_kind(d) == "cpu" for d in devices])
-        if paged:
-            return PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens,
-                               is_cpu=_kind(devices[0]) == "cpu")
-        return OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens)
+        fmt = (low_bit or source.saved_low_bit or _FP32).format
+        with phase(f"compile {source.name} ({fmt}) for {','.join(devices)}") as bar:
+            if paged and len(devices) > 1:
+                runner = PagedStagesRunner(self.core, folder, devices, configs, split, head_tokens=head_tokens,
+                                           is_cpu=[_kind(d) == "cpu" for d in devices])
+            elif paged:
+                runner = PagedRunner(self.core, folder, devices[0], configs[0], head_tokens=head_tokens,
+                                     is_cpu=_kind(devices[0]) == "cpu")
+            else:
+                runner = OpenVINORunner(self.core, folder, devices, configs, split, head_tokens=head_tokens)
+            bar.update(1)
+        return runner
 
     def check(self, source, device: str, low_bit) -> None:
         """Refuse an architecture optimum-intel cannot export (a Hugging Face source) and bf16 where the device

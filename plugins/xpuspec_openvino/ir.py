@@ -15,6 +15,7 @@ from xpuspec.cache import METADATA_FILE, cache_root, cached_folder, digest, fold
 from xpuspec.errors import LowBitConfigError, ModelSourceError, UnsupportedArchitectureError
 from xpuspec.hf_folder import check_tokenizer_files
 from xpuspec.lowbit import LowBitConfig
+from xpuspec.progress import phase
 from xpuspec.sources import ModelSource
 
 log = logging.getLogger("xpuspec")
@@ -173,10 +174,11 @@ def _export_fp32(source: ModelSource, tmp: Path) -> None:
 
     model_type = source.config.model_type
     check_exportable(model_type)
-    log.info("exporting %s to OpenVINO IR (fp32) with optimum-intel", source.name)
-    with _cap_lifted(model_type):
+    with phase(f"export {source.name} to OpenVINO IR") as bar, _cap_lifted(model_type):
+        log.info("exporting %s to OpenVINO IR (fp32) with optimum-intel", source.name)
         main_export(str(source.path), tmp, task=EXPORT_TASK,
                     ov_config=OVConfig(dtype="fp32"), convert_tokenizer=True)
+        bar.update(1)
 
 
 def base_ir(source: ModelSource) -> Path:
@@ -221,8 +223,10 @@ def _compress(source: ModelSource, base: Path, low_bit: LowBitConfig, tmp: Path)
             if low_bit.awq or low_bit.scale_estimation:
                 kwargs.update(awq=low_bit.awq, scale_estimation=low_bit.scale_estimation,
                               dataset=_calibration_dataset(source), subset_size=len(CALIBRATION_TEXT))
-        log.info("compressing weights with NNCF: %s", low_bit.as_dict())
-        ov.save_model(nncf.compress_weights(model, **kwargs), tmp / MODEL_XML, compress_to_fp16=False)
+        with phase(f"compress {source.name} to {low_bit.format}") as bar:
+            log.info("compressing weights with NNCF: %s", low_bit.as_dict())
+            ov.save_model(nncf.compress_weights(model, **kwargs), tmp / MODEL_XML, compress_to_fp16=False)
+            bar.update(1)
     _copy_side_files(base, tmp)
     _write_metadata(tmp, source, low_bit)
 

@@ -21,7 +21,7 @@ from typing import Callable, List, Sequence
 
 import torch
 
-from xpuspec.cache import cache_root, digest, folder_fingerprint, write_text_atomic
+from xpuspec.cache import cache_root, digest, folder_fingerprint, read_metadata, write_text_atomic
 from xpuspec.devices import cpu_flags
 
 log = logging.getLogger("xpuspec")
@@ -120,6 +120,17 @@ def device_identity(core, device: str, is_cpu: bool) -> dict:
     return identity
 
 
+def ir_label(folder: Path) -> str:
+    """A readable name of a cached IR folder for messages: its model and format ("smollm2-135m-instruct (int8_sym)"),
+    not the folder's hash name."""
+    try:
+        meta = read_metadata(Path(folder))
+    except (OSError, ValueError):
+        meta = {}
+    fmt = (meta.get("low_bit") or {}).get("format")
+    return f"{meta['source']} ({fmt or 'fp32'})" if meta.get("source") else Path(folder).name
+
+
 def cached_probe(folder: Path, device_identity: dict, config: dict, measure: Callable[[], StepNumerics]) -> StepNumerics:
     """``measure()``'s verdict for this IR folder on this device and compile properties, cached on disk.
 
@@ -140,10 +151,10 @@ def cached_probe(folder: Path, device_identity: dict, config: dict, measure: Cal
     if found.single_step_width > 1:
         log.info("%s: a 1-token pass computes differently from wider ones on this device (logits differ by up to "
                  "%.2g); 1-token passes run 2 wide so that speculative and plain output are the same",
-                 Path(folder).name, found.one_vs_two)
+                 ir_label(folder), found.one_vs_two)
     if found.two_vs_wide > 0:
         log.warning("%s: passes of 2 and %d tokens differ by up to %.2g on this device; greedy speculative output "
-                    "may part from plain output at near-ties", Path(folder).name, WIDEST_COMPARED, found.two_vs_wide)
+                    "may part from plain output at near-ties", ir_label(folder), WIDEST_COMPARED, found.two_vs_wide)
     return found
 
 

@@ -186,7 +186,7 @@ class PagedRunner(Runner):
         if self._step is not self._wide:
             return 0.0
         start = time.perf_counter()
-        log.info("%s: a second compiled copy for 1-token steps (about %.0f MiB more)", self.folder.name,
+        log.info("%s: a second compiled copy for 1-token steps (about %.0f MiB more)", numerics.ir_label(self.folder),
                  self.weight_bytes / 2**20)
         self._step = self._core.compile_model(self._model, self.device.upper(), self.configs[0]).create_infer_request()
         for port in self._cache_inputs:

@@ -76,6 +76,7 @@ def _xpuspec(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
                 runs.append(dict(aggregate=sum(s.new_tokens for s in rows) / wall,
                                  per_request=statistics.mean(s.new_tokens / (s.ttft_s + s.decode_s) for s in rows),
                                  ttft_ms=1000 * statistics.mean(s.ttft_s for s in rows),
+                                 new_tokens=sum(s.new_tokens for s in rows),
                                  drafted=sum(s.drafted_tokens for s in rows),
                                  accepted=sum(s.accepted_tokens for s in rows)))
         out[b] = _median(runs)
