@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from dataclasses import replace
 
 from .admission import DEFAULT_MAX_BODY_MIB, DEFAULT_MAX_QUEUE
@@ -127,6 +128,18 @@ def _exit_after_drain(signum, frame):
     raise SystemExit(0)
 
 
+def _exit_now(signum, frame):
+    """SIGTERM's handler once the server has run: uvicorn has drained the requests and raises the signal again for
+    its previous handler; this one flushes the logs and ends the process with status 0 at once. Python's own
+    teardown would free the models object by object, which took 30 s of the 35 s between SIGTERM and exit with
+    --drain-timeout 2 on a loaded 2-core machine (the process holds no file half-written: the cache writes to temp
+    names, then renames, and its locks go with the process)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
+
+
 def run(args) -> int:
     """Load the model and serve it until SIGTERM or Ctrl-C. Returns the exit status (0 after a drain)."""
     _check(args)
@@ -168,5 +181,6 @@ def run(args) -> int:
              backend.note)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                             timeout_graceful_shutdown=args.drain_timeout + GRACE_S, access_log=False)
+    signal.signal(signal.SIGTERM, _exit_now)
     DrainingServer(config, app.state.server.drain, args.drain_timeout).run()
     return 0
