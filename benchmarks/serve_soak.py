@@ -11,8 +11,8 @@ prints the server's RSS (``/proc/PID/status`` VmRSS) before the first soak and a
 
 ``--tracemalloc DIR`` traces the server's Python allocations with ``tracemalloc`` (25 frames) from the end of the
 warm-up and writes a snapshot of them to ``DIR/soak-N.snapshot`` after each soak (the child acts on SIGUSR1), then
-prints the 15 biggest growths between the first and the last snapshot by source line: what the Python heap keeps from soak to soak. Memory outside
-Python's allocator (OpenVINO, the C library's arenas) shows in RSS only.
+prints the 15 biggest growths between the first and the last snapshot by source line: what the Python heap keeps
+from soak to soak. Memory outside Python's allocator (OpenVINO, the C library's arenas) shows in RSS only.
 """
 
 import argparse

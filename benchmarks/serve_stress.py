@@ -6,11 +6,12 @@
 Starts ``xpuspec serve`` as a child process (``--max-batch 4 --drain-timeout D`` and the server arguments after
 ``--``), then, with the real ``openai`` client:
 
-1. **A huge prompt.** Two streams of 160 greedy tokens run; 1.5 s after they start, a completions request with a
-   prompt of ``--prompt-mb`` MB of text arrives (its answer: a 413, or a 400, depending on the server's bounds), and
+1. **A huge prompt.** Two streams of 160 greedy tokens run alone (their gaps between events without it); then two
+   such streams again, and 1.5 s after they start a completions request with a prompt of ``--prompt-mb`` MB of text
+   arrives (its answer: a 413, or a 400, depending on the server's bounds), and
    a ``/health`` probe goes out every 50 ms. Prints the streams' longest and median gap between events over the
    whole run, the huge request's status and seconds, and the slowest ``/health`` answer.
-2. **SIGTERM.** Two streams asking for 4000 tokens run, a third waits in the queue (``--max-batch`` permitting);
+2. **SIGTERM.** Five streams asking for 4000 tokens start (past ``--max-batch 4``, the fifth waits in the queue);
    SIGTERM goes to the server 2 s later. Prints the seconds from the signal to the process's exit, what each client
    got last (an error event and ``[DONE]``, or a connection error), and whether the server's log holds a traceback.
 """
@@ -93,6 +94,17 @@ def main() -> int:
     client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     client.completions.create(model=args.model, prompt=PROMPT, max_tokens=4, temperature=0)  # warm-up
     print(f"server: {' '.join(cmd[2:])}\nload average before: {load()}", flush=True)
+
+    # 0. the same two streams alone: the gaps that load and batching give anyway
+    out = {}
+    streams = [threading.Thread(target=stream_gaps, args=(client, args.model, 160, out, k)) for k in ("a", "b")]
+    for t in streams:
+        t.start()
+    for t in streams:
+        t.join()
+    gaps = [b - a for k in ("a", "b") for a, b in zip(out[k][1:], out[k][2:])]
+    print(f"two streams alone: gaps between events: longest {max(gaps):.3f} s, median {statistics.median(gaps):.3f} s;"
+          f" load average {load()}", flush=True)
 
     # 1. the huge prompt beside two streams
     out, done = {}, threading.Event()

@@ -74,7 +74,8 @@ def _documents(**constraints):
     """``json_schema_extra`` that adds JSON-schema ``constraints`` to a field's every typed branch, so that
     /openapi.json says what the server accepts, while the server's own check (not pydantic) refuses the rest with
     a 400 that names the option and what to do (``n=2 is not supported by this server; leave it out``)."""
-    by_type = {"integer": ("minimum", "maximum"), "number": ("minimum", "maximum"), "string": ("minLength", "maxLength"),
+    by_type = {"integer": ("minimum", "maximum"), "number": ("minimum", "maximum"),
+               "string": ("minLength", "maxLength"),
                "array": ("maxItems",), "object": ("maxProperties",), "boolean": ("enum",)}
 
     def add(schema: dict) -> None:
