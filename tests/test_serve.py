@@ -46,12 +46,15 @@ def free_port() -> int:
 class Server:
     """A ``python -m xpuspec serve`` child process."""
 
-    def __init__(self, *args, key=None):
+    def __init__(self, *args, key=None, log_path=None):
         self.port, self.key = free_port(), key
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "xpuspec", "--log-level", "WARNING", "serve", MODEL, "--port", str(self.port),
                "--low-bit", FORMAT, *args] + (["--api-key", key] if key else [])
-        self.log = open(os.devnull, "w") if os.environ.get("XPUSPEC_QUIET_SERVER") else None
+        if log_path is not None:  # the server's output, for a test to read
+            self.log = open(log_path, "w")
+        else:
+            self.log = open(os.devnull, "w") if os.environ.get("XPUSPEC_QUIET_SERVER") else None
         self.proc = subprocess.Popen(cmd, preexec_fn=default_sigint, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -311,7 +314,15 @@ BAD_REQUESTS = [  # (what, path, body, status, param or None, code or None)
     ("max_tokens past the context", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 10**6}, 400,
      "max_tokens", "context_length_exceeded"),
     ("a prompt longer than the context", "/v1/completions", {"model": MODEL, "prompt": "hello " * 9000}, 400,
-     "messages", "context_length_exceeded"),
+     "prompt", "context_length_exceeded"),
+    ("a chat longer than the context", "/v1/chat/completions", {"model": MODEL, "messages": [
+        {"role": "user", "content": "hello " * 9000}]}, 400, "messages", "context_length_exceeded"),
+    ("a prompt past the character bound", "/v1/completions", {"model": MODEL, "prompt": "x" * 700_000}, 400,
+     "prompt", "context_length_exceeded"),
+    ("token ids past the context", "/v1/completions", {"model": MODEL, "prompt": [1] * 9000}, 400, "prompt",
+     "context_length_exceeded"),
+    ("an empty list of token ids", "/v1/completions", {"model": MODEL, "prompt": []}, 400, "prompt", None),
+    ("best_of 0", "/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 0}, 400, "best_of", None),
     ("temperature out of range", "/v1/completions", {"model": MODEL, "prompt": "x", "temperature": 3}, 400,
      "temperature", None),
     ("n > 1", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400, "n", None),
@@ -475,6 +486,38 @@ def test_full_queue_gets_429_with_retry_after_and_queued_clients_can_leave(serve
     assert (text, reason, usage.completion_tokens) == want
 
 
+def test_openapi_json_documents_what_the_server_answers(server):
+    """Validation errors are 400s in OpenAI's format, so /openapi.json documents 400 (and 401, 404, 413, 429), never
+    FastAPI's 422; best_of 0, valid by the old schema, is refused by the new one as by the server."""
+    schema = server.get("/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert {"200", "400", "401", "404", "413", "429"} <= set(responses) and "422" not in responses
+        error_schema = responses["400"]["content"]["application/json"]["schema"]
+        assert error_schema == {"$ref": "#/components/schemas/ErrorResponse"}
+        assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert {"type": "integer", "minimum": 1, "maximum": 1} in props["best_of"]["anyOf"]
+    assert props["model"]["enum"] == [MODEL]
+    assert "assistant_confidence_threshold" in props  # this server has a draft model
+    r = server.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_an_empty_string_prompt_is_the_bos_token_alone(server, tokenizer, greedy):
+    """As in vLLM, a text prompt is what the tokenizer makes of it with its special tokens: SmolLM2's adds its BOS,
+    so "" generates from the BOS alone (OpenAI's "start of a new document"); an empty list of ids is a 400."""
+    bos = tokenizer("").input_ids
+    assert bos == [tokenizer.bos_token_id]
+    want = expected(tokenizer, greedy, bos, 6)
+    for prompt in ("", [""]):
+        text, reason, usage = complete(server.client(), prompt, 6, False, MODES["plain"])
+        assert (text, reason, usage.completion_tokens, usage.prompt_tokens) == (*want, 1)
+    r = server.post("/v1/completions", {"model": MODEL, "prompt": [], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
 def test_sigterm_drains_running_and_queued_requests_then_exits_0(server, tokenizer, greedy):
     """The last test: it stops the shared server."""
     out = {}
@@ -533,6 +576,7 @@ class FailingBackend:
     """A backend whose every run fails, as a model that raises would."""
 
     engine, max_running, note, speculation, context_length, vocab_size = "serial", 1, "", "none", 2048, 49152
+    has_draft_model = False
 
     def check(self, params):
         pass
@@ -561,3 +605,182 @@ def test_a_failing_request_gets_500_with_a_request_id_and_no_traceback(tokenizer
         assert json.loads(events[-3].removeprefix("data: "))["error"]["code"] == "internal_error"
         assert events[-2] == "data: [DONE]"
         assert client.get("/health").json()["status"] == "ok"
+
+
+# -- a second server: plain decoding, one request at a time, a 2 s drain, a 4 MiB body limit, its log kept ----------
+
+PLAIN_MAX_BODY_MIB = 4
+
+
+@pytest.fixture(scope="module")
+def plain_server(smollm2_path, tmp_path_factory):
+    """Started after the shared server has stopped (its last test); its last test stops it with SIGTERM."""
+    log_path = tmp_path_factory.mktemp("serve") / "plain-server.log"
+    s = Server("--max-batch", "1", "--max-queue", "4", "--drain-timeout", "2", "--max-body-mib",
+               str(PLAIN_MAX_BODY_MIB), log_path=log_path)
+    s.log_path = log_path
+    yield s
+    s.stop()
+
+
+def test_a_body_past_the_limit_gets_413_before_it_is_read(plain_server):
+    limit = PLAIN_MAX_BODY_MIB * 2**20
+    with pytest.raises(openai.APIStatusError) as info:  # the openai client sends a Content-Length
+        plain_server.client().completions.create(model=MODEL, prompt="x" * limit, max_tokens=2)
+    assert info.value.status_code == 413
+    error = info.value.response.json()["error"]
+    assert error["code"] == "request_too_large" and f"at most {limit} bytes" in error["message"]
+
+    def chunks():  # no Content-Length: refused once what arrived passes the limit
+        for _ in range(PLAIN_MAX_BODY_MIB + 2):
+            yield b"x" * 2**20
+
+    r = httpx.post(plain_server.url + "/v1/completions", content=chunks(), timeout=60,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert plain_server.health()["status"] == "ok"
+
+
+def test_a_prompt_past_the_character_bound_gets_400_before_it_is_tokenized(plain_server, ov_int8, tokenizer):
+    from xpuspec.serve.app import default_max_prompt_chars
+
+    bound = default_max_prompt_chars(tokenizer, ov_int8.context_length)
+    for path, body in (("/v1/completions", {"prompt": "x" * (bound + 1)}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * (bound // 2)},
+                                                              {"role": "user", "content": "x" * (bound // 2 + 1)}]})):
+        r = plain_server.post(path, {"model": MODEL, **body})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == ("prompt" if "prompt" in body else "messages",
+                                                   "context_length_exceeded")
+        assert f"{bound + 1} characters" in error["message"] and f"at most {bound} characters" in error["message"]
+
+
+def test_the_server_answers_others_while_a_long_prompt_is_tokenized(plain_server, ov_int8, tokenizer):
+    """Tokenizing runs off the event loop: while a long prompt (within the character bound, past the context) is
+    tokenized, /health keeps answering (on the event loop it answered once the prompt's 400 was out)."""
+    from xpuspec.serve.app import default_max_prompt_chars
+
+    prompt = "hello world, 12345. " * (default_max_prompt_chars(tokenizer, ov_int8.context_length) // 20)
+    done, out = threading.Event(), {}
+
+    def big():
+        out["r"] = plain_server.post("/v1/completions", {"model": MODEL, "prompt": prompt})
+        done.set()
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    answered = 0
+    while not done.is_set():
+        plain_server.get("/health")
+        answered += not done.is_set()
+    thread.join()
+    error = out["r"].json()["error"]
+    assert out["r"].status_code == 400 and error["code"] == "context_length_exceeded" and "tokens" in error["message"]
+    assert answered >= 5
+
+
+def test_a_confidence_threshold_without_a_draft_model_is_refused_as_the_schema_says(plain_server):
+    schema = plain_server.get("/openapi.json").json()
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        props = schema["components"]["schemas"][name]
+        assert "assistant_confidence_threshold" not in props["properties"]
+        assert props["additionalProperties"] is False
+    with pytest.raises(openai.BadRequestError, match="applies to a draft model, and this server has none"):
+        plain_server.client().completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                                 extra_body={"assistant_confidence_threshold": 0.5})
+
+
+#: Examples per operation and generation mode in the schemathesis run (bounded: 49 s at 15 and 63 s at 20, under
+#: load averages of 14-17 on 2 cores).
+SCHEMATHESIS_EXAMPLES = 15
+
+
+def _fits(case) -> None:
+    """A request valid by the schema, made quick, and kept clear of the constraints between fields that JSON
+    schema cannot state (the prompt and max_tokens within the context, speculation settings that go together,
+    stream_options only when streaming), which the server answers with a documented 400."""
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    body.pop("max_completion_tokens", None)
+    body["max_tokens"] = 1
+    for name in ("speculative", "num_assistant_tokens", "prompt_lookup_num_tokens"):
+        body.pop(name, None)
+    if not body.get("stream"):
+        body.pop("stream_options", None)
+    if isinstance(body.get("seed"), int) and abs(body["seed"]) > 2**53:  # schemathesis checks a case against the
+        body["seed"] = 2**53  # schema in doubles: -2**63 - 191 passes as -2**63, and the server rightly refuses it
+    if isinstance(body.get("prompt"), list) and body["prompt"] and isinstance(body["prompt"][0], int):
+        body["prompt"] = body["prompt"][:64]
+
+
+def test_schemathesis_finds_the_server_as_its_openapi_json_says(plain_server):
+    """Every operation, with examples valid by /openapi.json (accepted: 2xx, or 404 for a model it does not serve)
+    and invalid ones (refused with a 4xx, never a 5xx), each answer checked against the documented statuses,
+    content types and schemas."""
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    schema = schemathesis.openapi.from_url(plain_server.url + "/openapi.json")
+    failures = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        modes = [schemathesis.GenerationMode.POSITIVE]
+        if operation.body:  # the GET operations' inputs have no invalid values (a model name is any string)
+            modes.append(schemathesis.GenerationMode.NEGATIVE)
+        for mode in modes:
+            @settings(max_examples=SCHEMATHESIS_EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
+                      suppress_health_check=list(HealthCheck))
+            @given(case=operation.as_strategy(generation_mode=mode))
+            def run(case):
+                if mode is schemathesis.GenerationMode.POSITIVE:
+                    _fits(case)
+                case.call_and_validate(base_url=plain_server.url, timeout=120)
+
+            try:
+                run()
+            except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - gathered: every operation's failures
+                failures.append(f"{operation.label} ({mode.value}): {exc}")
+    assert not failures, "\n\n".join(failures)
+    assert plain_server.health()["status"] == "ok"
+
+
+def test_sigterm_after_the_drain_timeout_cancels_open_requests_and_tells_their_clients(plain_server):
+    """The last test of the plain server: with --drain-timeout 2, the running request (8000 tokens to go) and the
+    queued ones are cancelled at the deadline; each stream gets an error event and [DONE], a waiting client a 503,
+    the process exits soon (generating on would take minutes), and its log holds no traceback."""
+    plain_server.wait_idle()
+    out = {}
+    body = {"model": MODEL, "prompt": PROMPTS[3], "max_tokens": 8000, "temperature": 0}
+
+    def stream(key):
+        with httpx.stream("POST", plain_server.url + "/v1/completions", json={**body, "stream": True},
+                          timeout=300) as r:
+            out[key] = (r.status_code, [line for line in r.iter_lines() if line])
+
+    def whole(key):
+        r = httpx.post(plain_server.url + "/v1/completions", json=body, timeout=300)
+        out[key] = (r.status_code, r.json())
+
+    threads = [threading.Thread(target=stream, args=("running",))]
+    threads[0].start()
+    _wait_for(plain_server, 1, 0)
+    threads += [threading.Thread(target=stream, args=("queued",)), threading.Thread(target=whole, args=("whole",))]
+    for t in threads[1:]:
+        t.start()
+    _wait_for(plain_server, 1, 2)
+    plain_server.proc.send_signal(signal.SIGTERM)
+    assert plain_server.proc.wait(timeout=60) == 0
+    for t in threads:
+        t.join(timeout=30)
+    for key in ("running", "queued"):
+        status, events = out[key]
+        assert status == 200 and events[-1] == "data: [DONE]", (key, events[-3:])
+        assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "server_shutting_down", key
+    assert len(out["running"][1]) > 2  # it had streamed text before the deadline
+    status, answer = out["whole"]
+    assert status == 503 and answer["error"]["code"] == "server_shutting_down"
+    plain_server.log.flush()
+    log = plain_server.log_path.read_text()
+    assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]

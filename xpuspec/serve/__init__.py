@@ -5,6 +5,6 @@ Needs the ``[serve]`` extra (FastAPI, uvicorn, prometheus-client), imported only
 - :mod:`.command`: the command's arguments and start-up (light to import);
 - :mod:`.app`: routes, streaming, auth and errors; :mod:`.protocol`: the OpenAI request and response shapes;
 - :mod:`.admission`: the bounded queue (429); :mod:`.session`: one request between the event loop and its worker
-  thread; :mod:`.metrics`: Prometheus;
+  thread; :mod:`.drain`: SIGTERM's drain and its deadline; :mod:`.metrics`: Prometheus;
 - :mod:`.backend`: everything asked of the model, behind :class:`.backend.SerialBackend`.
 """

@@ -13,6 +13,8 @@ from typing import Deque, Optional
 
 #: Requests that may wait for a running place by default; past that, 429.
 DEFAULT_MAX_QUEUE = 64
+#: Request bodies past this many MiB get a 413 by default (``--max-body-mib``; :class:`.app.BodyLimit`).
+DEFAULT_MAX_BODY_MIB = 8
 
 
 class QueueFull(Exception):

@@ -189,6 +189,11 @@ class SerialBackend:
         return self.model.runner.vocab_size
 
     @property
+    def has_draft_model(self) -> bool:
+        """Whether the model drafts with a draft model (what ``assistant_confidence_threshold`` applies to)."""
+        return self.model.draft_model is not None
+
+    @property
     def speculation(self) -> str:
         """The model's speculative mode at load (``"none"`` without one), for ``/health``."""
         spec = self.model.speculative_config

@@ -8,9 +8,9 @@ Extra fields that tune speculation per request use transformers' and OVMS's name
 
 import time
 import uuid
-from typing import Dict, List, Literal, Optional, Union
+from typing import Annotated, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from .backend import Finished, FinishReason, GenerationParams, SpeculativeUsage
 
@@ -41,8 +41,61 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+class ErrorDetail(BaseModel):
+    """The body of every error answer, under ``error`` (OpenAI's format)."""
+
+    message: str
+    type: str
+    param: Optional[str]
+    code: Optional[str]
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def _integral(value):
+    """An integral JSON number (``16.0``) as the integer it is, as JSON schema's ``integer`` allows; any other value
+    as it is, for strict validation (``"16"`` and ``16.5`` stay refused)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def Int(**constraints):
+    """An integer field's type: JSON schema's ``integer`` (``16`` or ``16.0``), strictly (no strings, no fractions),
+    with pydantic's ``constraints`` (``ge``, ``le``: inside the type, so that the schema states them)."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _documents(**constraints):
+    """``json_schema_extra`` that adds JSON-schema ``constraints`` to a field's every typed branch, so that
+    /openapi.json says what the server accepts, while the server's own check (not pydantic) refuses the rest with
+    a 400 that names the option and what to do (``n=2 is not supported by this server; leave it out``)."""
+    by_type = {"integer": ("minimum", "maximum"), "number": ("minimum", "maximum"),
+               "string": ("minLength", "maxLength"),
+               "array": ("maxItems",), "object": ("maxProperties",), "boolean": ("enum",)}
+
+    def add(schema: dict) -> None:
+        for key in ("anyOf", "oneOf"):
+            for branch in schema.get(key, ()):
+                add(branch)
+        if "items" in schema:
+            add(schema["items"])
+        kind = schema.get("type")
+        for name, value in constraints.items():
+            if kind in by_type and name in by_type[kind]:
+                schema[name] = value
+
+    return add
+
+
+def _only_null(schema: dict) -> None:
+    """``json_schema_extra``: the field may be left out or null only (an option this server does not implement)."""
+    schema.pop("anyOf", None)
+    schema["type"] = "null"
 
 
 class StreamOptions(_Strict):
@@ -55,19 +108,20 @@ class GenerationRequest(_Strict):
     model: str
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[Int(ge=1)] = None
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)  # a 64-bit integer, as torch's generators take
-    stop: Optional[Union[str, List[str]]] = None
-    n: int = Field(1, ge=1)
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: Optional[Dict[str, float]] = None
+    seed: Optional[Int(ge=-2**63, le=2**63 - 1)] = None  # a 64-bit integer, as torch's generators take
+    stop: Optional[Union[str, List[str]]] = Field(None, json_schema_extra=_documents(minLength=1))
+    # options this server does not implement: the schema allows their defaults only, the server refuses the rest
+    n: Int(ge=1) = Field(1, json_schema_extra=_documents(maximum=1))
+    frequency_penalty: float = Field(0.0, json_schema_extra=_documents(minimum=0, maximum=0))
+    presence_penalty: float = Field(0.0, json_schema_extra=_documents(minimum=0, maximum=0))
+    logit_bias: Optional[Dict[str, float]] = Field(None, json_schema_extra=_documents(maxProperties=0))
     user: Optional[str] = None
     # speculation per request (transformers' and OVMS's names)
-    num_assistant_tokens: Optional[int] = Field(None, ge=1)
-    prompt_lookup_num_tokens: Optional[int] = Field(None, ge=1)
+    num_assistant_tokens: Optional[Int(ge=1)] = None
+    prompt_lookup_num_tokens: Optional[Int(ge=1)] = None
     assistant_confidence_threshold: Optional[float] = Field(None, ge=0, lt=1)
     speculative: Optional[bool] = None
 
@@ -106,14 +160,25 @@ class GenerationRequest(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _one_prompt(schema: dict) -> None:
+    """``json_schema_extra`` of ``prompt``: a list holds one prompt (a text or token ids) and is not empty."""
+    for branch in schema.get("anyOf", ()):
+        if branch.get("type") == "array":
+            branch["minItems"] = 1
+            if branch["items"].get("type") != "integer":
+                branch["maxItems"] = 1
+            else:
+                branch["items"]["minimum"] = 0
+
+
 class CompletionRequest(GenerationRequest):
     """``POST /v1/completions``."""
 
-    prompt: Union[str, List[str], List[int], List[List[int]]]
-    logprobs: Optional[int] = None
-    echo: bool = False
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    prompt: Union[str, List[str], List[Int()], List[List[Int()]]] = Field(json_schema_extra=_one_prompt)
+    logprobs: Optional[Int()] = Field(None, json_schema_extra=_documents(minimum=0, maximum=0))
+    echo: bool = Field(False, json_schema_extra=_documents(enum=[False]))
+    suffix: Optional[str] = Field(None, json_schema_extra=_only_null)
+    best_of: Optional[Int(ge=1)] = Field(None, json_schema_extra=_documents(maximum=1))
 
     def check(self) -> None:
         self.refuse_unimplemented(self.logprobs)
@@ -142,12 +207,12 @@ class ChatCompletionRequest(GenerationRequest):
     """``POST /v1/chat/completions``."""
 
     messages: List[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
-    tools: Optional[list] = None
-    tool_choice: Optional[Union[str, dict]] = None
-    response_format: Optional[dict] = None
+    max_completion_tokens: Optional[Int(ge=1)] = None
+    logprobs: Optional[bool] = Field(None, json_schema_extra=_documents(enum=[False]))
+    top_logprobs: Optional[Int()] = Field(None, json_schema_extra=_documents(minimum=0, maximum=0))
+    tools: Optional[list] = Field(None, json_schema_extra=_documents(maxItems=0))
+    tool_choice: Optional[Union[str, dict]] = Field(None, json_schema_extra=_documents(maxLength=0, maxProperties=0))
+    response_format: Optional[dict] = Field(None, json_schema_extra=_documents(maxProperties=0))
 
     def check(self) -> None:
         self.refuse_unimplemented(self.logprobs)

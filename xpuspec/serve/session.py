@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import AsyncIterator, List, Optional, Sequence, Union
+from typing import AsyncIterator, Callable, List, Optional, Sequence, Union
 
 from ..detokenize import IncrementalDetokenizer
 from ..stopping import StopStringMatcher
@@ -58,11 +58,12 @@ class RequestRun:
         tokenizer: decodes the new tokens.
         prompt_ids, params, stop: the request.
         arrival: ``time.perf_counter()`` when it arrived (time to first token counts from there).
+        on_close: called once when the run is closed (the server's registry of open runs forgets it).
     """
 
     def __init__(self, backend, executor: Executor, admission: Admission, ticket: Ticket, metrics: ServerMetrics,
                  tokenizer, prompt_ids: Sequence[int], params: GenerationParams, stop: Sequence[str],
-                 arrival: float):
+                 arrival: float, on_close: Optional[Callable[["RequestRun"], None]] = None):
         self.backend, self.executor, self.admission, self.ticket = backend, executor, admission, ticket
         self.metrics = metrics
         self.prompt_ids, self.params = list(prompt_ids), params
@@ -76,6 +77,8 @@ class RequestRun:
         self._last_token: Optional[float] = None
         self._started = False
         self._run_s: Optional[float] = None
+        self._aborted: Optional[BaseException] = None
+        self._on_close = on_close
 
     # -- event loop side
     def cancel(self) -> None:
@@ -83,16 +86,30 @@ class RequestRun:
         self.cancelled.set()
         self._gone.set()
 
+    def abort(self, error: BaseException) -> None:
+        """End the run with ``error`` (the server shuts down): its generation is cancelled at the next token, and
+        :meth:`events` gives the text already made, then ``Failed(error)`` (also while it waits for a place)."""
+        if self._aborted is not None:
+            return
+        self._aborted = error
+        self.cancel()
+        self._events.put_nowait(Failed(error))
+
     def close(self) -> None:
         """Release everything this run holds, whatever state it is in (idempotent)."""
         self.cancel()
         if not self._started:
             self.admission.release(self.ticket)
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close(self)
 
     async def events(self) -> AsyncIterator[Event]:
         """Text as it comes, then :class:`Done` or :class:`Failed`. Ends early, without either, if the run is
-        cancelled while it waits for a running place."""
+        cancelled while it waits for a running place (with ``Failed`` if it was aborted)."""
         if not await self._wait_for_place():
+            if self._aborted is not None:
+                yield Failed(self._aborted)
             return
         self._started = True
         future = self._loop.run_in_executor(self.executor, self._work)
