@@ -26,7 +26,7 @@ from transformers import GenerationConfig
 from .generation import GenerationStats, StopStrings, eos_ids, max_new_tokens, min_new_tokens
 from .runner import Runner, torch_on_one_thread
 from .scoring import Scorer, scorer_for
-from .speculative.drafters import NO_DRAFT, Drafter, DraftRequest, PromptLookupDrafter
+from .speculative.drafters import NO_DRAFT, Draft, Drafter, DraftRequest, PromptLookupDrafter
 from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome, Widths
 from .speculative.profile import TargetCosts, measure_profile
 from .speculative.verify import accept_prefix, greedy_accept, rejection_sample
@@ -46,6 +46,9 @@ class Request:
         policy: the speculation policy of this request (``None`` for plain decoding).
         pad_to: the width rounds with drafts are padded to (a backend that keeps one width).
         scores, logits: processed scores and raw logits per new token, when the config asks for them.
+        grammar: the request's structured-output matcher (:class:`xpuspec.grammar.GrammarMatcher`), or ``None``:
+            it masks the target's rows at every verified position, cuts drafts (:func:`cut_draft`) and follows the
+            kept tokens; such a request never takes the native route.
     """
 
     context: List[int]
@@ -64,6 +67,7 @@ class Request:
     scores: List[torch.Tensor] = field(default_factory=list)
     logits: List[torch.Tensor] = field(default_factory=list)
     pad_to: int = 0
+    grammar: Optional[object] = None
     done: bool = False
     first_token_at: Optional[float] = None
 
@@ -78,7 +82,7 @@ class Request:
 
 def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer=None, drafter: Optional[Drafter] = None,
            policy: Optional[RequestPolicy] = None, costs: Optional[TargetCosts] = None,
-           stop: Optional[StopStrings] = None, setup_s: float = 0.0):
+           stop: Optional[StopStrings] = None, setup_s: float = 0.0, grammar=None):
     """Generate after ``prompt`` with ``target``, speculatively when a ``drafter`` is given.
 
     Args:
@@ -92,6 +96,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
             on the first speculative request with the cost model on).
         stop: stop strings, or ``None``.
         setup_s: seconds already spent preparing this request (counted in its stats).
+        grammar: a structured-output matcher (:class:`xpuspec.grammar.GrammarMatcher`) or ``None``.
 
     Returns:
         ``(new_tokens, scores, raw_logits, stats)``: generated ids; processed scores and raw logits per new token
@@ -99,7 +104,7 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
     """
     start = time.perf_counter()
     costs = costs if costs is not None else TargetCosts()
-    req = new_request(prompt, config, streamer, drafter, policy, stop, setup_s)
+    req = new_request(prompt, config, streamer, drafter, policy, stop, setup_s, grammar)
     with torch_on_one_thread([target, *(drafter.runners() if drafter is not None else ())]):
         native = _native_greedy_applies(req) and stop is None
         if drafter is None and native and _hand_over(target, req, costs, "native"):
@@ -132,13 +137,14 @@ def decode(target: Runner, prompt: List[int], config: GenerationConfig, streamer
 
 def new_request(prompt: List[int], config: GenerationConfig, streamer=None, drafter: Optional[Drafter] = None,
                 policy: Optional[RequestPolicy] = None, stop: Optional[StopStrings] = None,
-                setup_s: float = 0.0) -> Request:
+                setup_s: float = 0.0, grammar=None) -> Request:
     """A :class:`Request` for ``prompt`` under a validated ``config``: the first piece of a request's life (then
     :func:`begin_drafting`, prefill and rounds of ``verify_and_emit`` and :func:`after_round`, :func:`end_drafting`,
     ``finish_request``), which :func:`decode` runs for one request and :mod:`xpuspec.engine` for many."""
     req = Request(list(prompt), len(prompt), config, scorer_for(config, len(prompt)), max_new_tokens(config, len(prompt)),
                   min_new_tokens(config, len(prompt)), frozenset(eos_ids(config)), stop, streamer, drafter, policy)
     req.stats.prompt_tokens, req.stats.setup_s = len(prompt), setup_s
+    req.grammar = grammar
     if drafter is not None:  # a speculative request reports its counts, zeros when nothing was drafted
         req.stats.acceptance_counts = AcceptanceCounts()
     return req
@@ -186,10 +192,10 @@ def decode_round(target: Runner, req: Request) -> Decision:
     room = req.limit - req.produced - 1  # drafts that can still become output
     widths = req.policy.widths(req.produced, room, req.pad_to) if req.drafter is not None else Widths(0, 0)
     t0 = time.perf_counter()
-    draft = req.drafter.propose(widths) if widths.model or widths.free else NO_DRAFT
+    draft = cut_draft(req, req.drafter.propose(widths) if widths.model or widths.free else NO_DRAFT)
     guessed = not draft.tokens and req.guesser is not None and room > 0
     if guessed:
-        draft = req.guesser.propose(Widths(0, target.traits.single_step_width - 1))
+        draft = cut_draft(req, req.guesser.propose(Widths(0, target.traits.single_step_width - 1)))
     t1 = time.perf_counter()
     verify = [req.context[-1]] + draft.tokens
     padding = 0
@@ -211,6 +217,9 @@ def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gue
     """Judge ``draft`` by the target's ``rows`` (``[len(draft.tokens) + 1, vocab]``), roll back the rejected
     drafts, emit the kept tokens and the target's own, and count them; returns the drafts accepted."""
     scored = None  # processed scores, built only where sampling or output_scores needs them
+    raw = rows
+    if req.grammar is not None:  # every verified position masked by the grammar's state there
+        rows = req.grammar.mask_rows(draft.tokens, rows)
     if req.config.do_sample:
         scored = req.scorer.rows(req.context, draft.tokens, rows)
         n, token = rejection_sample(draft.tokens, draft.probs, torch.softmax(scored, dim=-1))
@@ -220,8 +229,10 @@ def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gue
     else:
         n, token = accept_prefix(draft.tokens, req.scorer.best(req.context, draft.tokens, rows))
     target.rollback(len(draft.tokens) - n)
-    emitted = _emit(req, draft.tokens[:n] + [token], scored, rows)
+    emitted = _emit(req, draft.tokens[:n] + [token], scored, raw)
     kept, stats = min(n, emitted), req.stats
+    if req.grammar is not None:  # the grammar keeps what was emitted, rolled back past the rest
+        req.grammar.keep(kept, token if emitted > n else None)
     if guessed:
         stats.guessed_tokens += len(draft.tokens)
         stats.guesses_accepted += kept
@@ -230,6 +241,17 @@ def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gue
         stats.accepted_tokens += kept
         stats.acceptance_counts.add_round(len(draft.tokens), kept)
     return n
+
+
+def cut_draft(req: Request, draft: Draft) -> Draft:
+    """``draft`` up to the first token the request's grammar forbids (all of it without a grammar), so that no
+    verify pass is spent on a draft the mask would reject."""
+    if req.grammar is None or not draft.tokens:
+        return draft
+    k = req.grammar.valid_prefix(draft.tokens)
+    if k == len(draft.tokens):
+        return draft
+    return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], min(draft.free, k))
 
 
 def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], rows: torch.Tensor) -> int:
@@ -251,8 +273,10 @@ def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], r
 
 
 def _native_greedy_applies(req: Request) -> bool:
-    """Plain greedy decoding without scores, logits or processors other than the length rules."""
-    return not (req.config.do_sample or req.config.output_scores or req.config.output_logits) and req.scorer.only_length_rules
+    """Plain greedy decoding without scores, logits, a grammar or processors other than the length rules (the
+    native engine cannot mask by a grammar)."""
+    return not (req.config.do_sample or req.config.output_scores or req.config.output_logits) and \
+        req.scorer.only_length_rules and req.grammar is None
 
 
 def _hand_over(target: Runner, req: Request, costs: TargetCosts, engine: str) -> bool:

@@ -19,8 +19,8 @@ from .devices import resolve_device
 from .errors import KVBudgetError, LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .decode import decode
 from .engine import DEFAULT_MAX_BATCH
-from .generation import (GenerationStats, batch_stats, check_max_length, pack_batch_output, pack_output, resolve_generation_config,
-                         stop_strings)
+from .generation import (GenerationStats, batch_stats, check_max_length, eos_ids, pack_batch_output, pack_output,
+                         resolve_generation_config, stop_strings)
 from .hf_folder import check_tokenizer_files
 from .inputs import check_batch, check_fits, check_input_ids, clamp_to_context, is_batch
 from .lowbit import LowBitConfig, decoder_in_channels, resolve_low_bit
@@ -163,7 +163,7 @@ class XpuspecModelForCausalLM:
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, streamer=None,
                  assistant_model=None, prompt_lookup_num_tokens=None, num_assistant_tokens=None,
                  num_assistant_tokens_schedule=None, assistant_confidence_threshold=None,
-                 speculative: Optional[bool] = None, tokenizer=None, **kwargs):
+                 speculative: Optional[bool] = None, tokenizer=None, response_format=None, **kwargs):
         """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, one prompt or a batch).
 
         Args:
@@ -180,6 +180,11 @@ class XpuspecModelForCausalLM:
                 draft length k, ``"heuristic"`` or ``"constant"``, and the confidence stop.
             speculative: ``False`` decodes plainly even if the model was loaded with ``speculative=``.
             tokenizer: the model's tokenizer, which ``stop_strings`` need (transformers' argument).
+            response_format: structured output, as in the OpenAI API: ``{"type": "json_schema", "json_schema":
+                {"name": ..., "schema": {...}}}``, ``{"type": "json_object"}``, or vLLM's grammars as
+                ``{"type": "grammar", "grammar": "<Lark>"}`` / ``{"type": "regex", "regex": "..."}``
+                (:mod:`xpuspec.grammar`): every token, drafted or not, is masked by the grammar, so greedy output
+                is the same with speculation on and off; EOS only where the output is complete.
             **kwargs: GenerationConfig fields: ``max_new_tokens``, ``min_new_tokens``, ``do_sample``,
                 ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``eos_token_id``,
                 ``pad_token_id``, ``return_dict_in_generate``, ``output_scores``, ``output_logits``, ``stop_strings`` (the
@@ -207,6 +212,8 @@ class XpuspecModelForCausalLM:
                 an ``attention_mask`` of another shape; in a batch, ragged lists, a mask with a hole, a row of zeros,
                 or padding on both sides.
             PromptTooLongError: the prompt leaves no room in the context, or passes the NPU prompt window.
+            ResponseFormatError: a ``response_format`` of an unknown type, a schema that is not valid or not
+                supported, a grammar or regex that does not compile.
             GenerationConfigError: ``max_new_tokens < 1``, a ``max_length`` the prompt fills, ``do_sample`` with
                 ``temperature <= 0``, a sampling value transformers refuses (``top_k=-1``).
             SpeculativeConfigError: a draft length, schedule or confidence threshold that is not valid, or
@@ -240,20 +247,44 @@ class XpuspecModelForCausalLM:
         if assistant_model is not None and assistant_model.runner is self.runner:
             raise ValueError("assistant_model is this model itself; they would share one KV cache. "
                              "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative='self'.")
+        grammar = self.grammar_for(response_format)
         if batch is not None:
             return self._generate_rows(*batch, generation_config, streamer, assistant_model, spec_args, speculative,
-                                       tokenizer, kwargs)
+                                       tokenizer, kwargs, grammar)
         if self.can_batch(assistant_model):  # a call while another runs joins it as a row of one batch
             with self._solo(assistant_model, self.draft_model) as alone:
                 if alone:
                     return self._generate(input_ids, generation_config, streamer, assistant_model,
-                                          *spec_args, speculative, tokenizer, kwargs)
+                                          *spec_args, speculative, tokenizer, kwargs, grammar)
             return self._generate_rows(input_ids, [input_ids[0].tolist()], None, generation_config, streamer,
-                                       assistant_model, spec_args, speculative, tokenizer, kwargs)
+                                       assistant_model, spec_args, speculative, tokenizer, kwargs, grammar)
         with self._exclusive(assistant_model, self.draft_model):
             return self._generate(input_ids, generation_config, streamer, assistant_model, prompt_lookup_num_tokens,
                                   num_assistant_tokens, num_assistant_tokens_schedule,
-                                  assistant_confidence_threshold, speculative, tokenizer, kwargs)
+                                  assistant_confidence_threshold, speculative, tokenizer, kwargs, grammar)
+
+    def grammar_for(self, response_format):
+        """``eos -> GrammarMatcher`` for ``response_format`` (compiled now, so a bad one fails before decoding; the
+        server calls it to refuse one before queueing), or ``None`` without one. The grammar compiler of the model's
+        own tokenizer is made on first use (about a second) and caches compiled grammars.
+
+        Raises:
+            ResponseFormatError: as :meth:`generate`.
+        """
+        from .grammar import GrammarCompiler, grammar_of
+
+        if grammar_of(response_format) is None:
+            return None
+        with self._batcher_lock:
+            compiler = getattr(self, "_grammar_compiler", None)
+            if compiler is None:
+                import transformers
+
+                tokenizer = transformers.AutoTokenizer.from_pretrained(str(self._source_folder))
+                compiler = GrammarCompiler(tokenizer, self.runner.vocab_size, eos_ids(self.generation_config))
+                self._grammar_compiler = compiler
+        compiler.compile(response_format)
+        return lambda eos: compiler.matcher(response_format, eos)
 
     @contextmanager
     def _exclusive(self, *others):
@@ -267,7 +298,7 @@ class XpuspecModelForCausalLM:
 
     def _generate(self, input_ids, generation_config, streamer, assistant_model, prompt_lookup_num_tokens,
                   num_assistant_tokens, num_assistant_tokens_schedule, assistant_confidence_threshold,
-                  speculative, tokenizer, kwargs):
+                  speculative, tokenizer, kwargs, grammar=None):
         """:meth:`generate` once its arguments' types are checked, holding the models' locks."""
         if speculative is not None and not isinstance(speculative, bool):
             raise TypeError(f"speculative must be True, False or None, got {speculative!r}.")
@@ -290,7 +321,8 @@ class XpuspecModelForCausalLM:
         if streamer is not None:
             streamer.put(input_ids.cpu())
         new, scores, raw, stats = decode(self.runner, input_ids[0].tolist(), config, streamer,
-                                         None if plan is None else plan.drafter, policy, self._costs, stop, setup_s)
+                                         None if plan is None else plan.drafter, policy, self._costs, stop, setup_s,
+                                         None if grammar is None else grammar(eos_ids(config)))
         stats.draft_model_skipped = skipped
         if streamer is not None:
             streamer.end()
@@ -363,7 +395,7 @@ class XpuspecModelForCausalLM:
             yield True
 
     def _generate_rows(self, ids, prompts, side, generation_config, streamer, assistant_model, spec_args,
-                       speculative, tokenizer, kwargs):
+                       speculative, tokenizer, kwargs, grammar=None):
         """:meth:`generate` for ``prompts`` (one per row of ``ids``), as rows of this model's engine."""
         from .decode import new_request
         from .engine import Job, check_batch_runner
@@ -395,7 +427,7 @@ class XpuspecModelForCausalLM:
                     assistant_model, *spec_args)
                 plan, policy, setup_s, skipped = self._policy_for(plan, config, target_steps=False)
                 req = new_request(prompt, config, row_streamer, None if plan is None else plan.drafter, policy,
-                                  stop, setup_s)
+                                  stop, setup_s, None if grammar is None else grammar(eos_ids(config)))
                 req.stats.draft_model_skipped = skipped
                 return req
             return make
