@@ -38,7 +38,7 @@ def main():
 
     grammar.GrammarMatcher.__init__ = tracked
     modes = {"plain": dict(speculative=False), "lookup": dict(prompt_lookup_num_tokens=args.lookup)}
-    totals = {m: dict(valid=0, same=0, tokens=0, decode_s=0.0, grammar_s=0.0, drafted=0, accepted=0, guessed=0)
+    totals = {m: dict(valid=0, same=0, tokens=0, decode_s=0.0, grammar_s=0.0, drafted=0, accepted=0, guessed=0, guesses_kept=0, forwards=0)
               for m in modes}
     print(f"load before {open('/proc/loadavg').read().strip()}")
     start = time.time()
@@ -62,6 +62,8 @@ def main():
             t["drafted"] += st.drafted_tokens
             t["accepted"] += st.accepted_tokens
             t["guessed"] += st.guessed_tokens
+            t["guesses_kept"] += st.guesses_accepted
+            t["forwards"] += st.target_forwards
         for mode in modes:
             totals[mode]["same"] += outs[mode] == outs["plain"]
     n = min(args.requests, 50)
@@ -72,7 +74,9 @@ def main():
         print(f"{mode}: valid {t['valid']}/{n}, identical to plain {t['same']}/{n}, new tokens {t['tokens']}, "
               f"decode {t['decode_s']:.1f} s = {speed:.1f} tok/s, grammar {t['grammar_s'] / t['tokens'] * 1e3:.2f} "
               f"ms/token = {t['grammar_s'] / t['tokens'] / step:.1%} of a plain decode step ({step * 1e3:.1f} ms), "
-              f"drafted {t['drafted']} accepted {t['accepted']} guessed {t['guessed']}")
+              f"drafted {t['drafted']} accepted {t['accepted']}, free guesses (lookup in the 2-wide slot, grammar-forced "
+              f"tokens) {t['guessed']} kept {t['guesses_kept']}, target forwards {t['forwards']} = "
+              f"{t['tokens'] / t['forwards']:.2f} tokens per forward")
     p, lk = totals["plain"], totals["lookup"]
     ratio = ((lk["tokens"] - n) / lk["decode_s"]) / ((p["tokens"] - n) / p["decode_s"])
     print(f"lookup / plain constrained decode speed: {ratio:.2f}x")

@@ -196,6 +196,8 @@ def decode_round(target: Runner, req: Request) -> Decision:
     guessed = not draft.tokens and req.guesser is not None and room > 0
     if guessed:
         draft = cut_draft(req, req.guesser.propose(Widths(0, target.traits.single_step_width - 1)))
+    if not draft.tokens and room > 0:
+        draft, guessed = forced_draft(req, widths, target.traits, room, draft, guessed)
     t1 = time.perf_counter()
     verify = [req.context[-1]] + draft.tokens
     padding = 0
@@ -252,6 +254,20 @@ def cut_draft(req: Request, draft: Draft) -> Draft:
     if k == len(draft.tokens):
         return draft
     return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], min(draft.free, k))
+
+
+def forced_draft(req: Request, widths: Widths, traits, room: int, draft: Draft, guessed: bool):
+    """Where a greedy round has no draft: the tokens the request's grammar forces next as a free guess
+    (:meth:`xpuspec.grammar.GrammarMatcher.forced`), as many as the request drafts (its policy's widest pass; the
+    free slot of a 2-wide step without speculation, or where the backend keeps one verify width);
+    ``(draft, guessed)`` unchanged without a grammar or forced tokens."""
+    if req.grammar is None or req.config.do_sample:
+        return draft, guessed
+    cap = max(widths.free, widths.model, traits.single_step_width - 1 if req.guesser is not None else 0)
+    if req.drafter is not None and req.policy is not None and not traits.fixed_verify_width:
+        cap = max(cap, req.policy.widest_needed() - 1)
+    forced = req.grammar.forced(min(cap, room))
+    return (Draft(forced, None, len(forced)), True) if forced else (draft, guessed)
 
 
 def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], rows: torch.Tensor) -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
 from .decode import (NO_DRAFT, Decision, Request, after_round, begin_drafting, cut_draft, drop_model, end_drafting,
-                     finish_request, verify_and_emit)
+                     finish_request, forced_draft, verify_and_emit)
 from .errors import BatchNotSupportedError, KVBudgetError
 from .runner import Runner, torch_on_one_thread
 from .speculative.batch import BATCH_SWEEP_WIDTHS, RowChoice, batch_draft_lengths
@@ -269,6 +269,9 @@ class Engine:
             guess = not draft.tokens and req.guesser is not None and room > 0
             if guess:
                 draft = cut_draft(req, req.guesser.propose(Widths(0, width - 1)))
+            if not draft.tokens and room > 0:
+                draft, guess = forced_draft(req, Widths(k, 0) if k else uppers[i], self.target.traits, room, draft,
+                                            guess)
             draft_s[i] += time.perf_counter() - t0
             req.stats.draft_s += draft_s[i]
             out.append(draft)

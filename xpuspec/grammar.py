@@ -17,7 +17,9 @@ A :class:`GrammarMatcher` follows one request: :meth:`GrammarMatcher.mask_rows` 
 row i by the grammar's state after the context and ``drafts[:i]`` (so every verified position is constrained as
 plain decoding would constrain it); :meth:`GrammarMatcher.keep` keeps the accepted drafts and the target's token and
 rolls the grammar's state back past the rejected drafts (llguidance's own rollback); :meth:`GrammarMatcher.valid_prefix`
-says how many of a draft the grammar allows, so drafts are cut before verification. End of sequence is allowed only
+says how many of a draft the grammar allows, so drafts are cut before verification; :meth:`GrammarMatcher.forced`
+gives the tokens the grammar forces next, which greedy rounds without a draft verify as free drafts (JSON's fixed
+keys and punctuation cost no decode step when the target agrees). End of sequence is allowed only
 where the grammar accepts (a complete document); once the grammar is complete and allows nothing more, EOS is the
 only allowed token, so generation ends there.
 """
@@ -134,6 +136,7 @@ class GrammarCompiler:
         import llguidance.hf
 
         eos = sorted(set(int(e) for e in eos))
+        self.eos = eos
         self.vocab_size = int(vocab_size)
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size, eos_token=eos or None)
         self._llg = llg
@@ -166,11 +169,17 @@ class GrammarCompiler:
         """A fresh :class:`GrammarMatcher` for one request (``None`` for no constraint); ``eos``: the request's
         end-of-sequence ids."""
         template = self.compile(response_format)
-        return None if template is None else GrammarMatcher(template.deep_copy(), self.vocab_size, eos)
+        return None if template is None else GrammarMatcher(template.deep_copy(), self.vocab_size, eos, self.eos)
 
 
 class GrammarMatcher:
     """The grammar's state along one request's tokens (see the module docstring).
+
+    Args:
+        matcher: a llguidance ``LLMatcher`` of its own (a copy of the compiled grammar).
+        vocab_size: the width of the model's logits.
+        eos: the request's end-of-sequence ids (allowed exactly where the grammar accepts).
+        grammar_eos: the tokenizer's EOS ids the grammar knows; those not in ``eos`` are never allowed.
 
     Contract: the matcher's state is the request's output so far, except between :meth:`mask_rows` (which advances
     it through the drafts it masks) and :meth:`keep` (which rolls back what was not kept). Token ids are ints in
@@ -180,11 +189,12 @@ class GrammarMatcher:
         busy_s: seconds spent in the grammar (masks, advances, rollbacks) for this request.
     """
 
-    def __init__(self, matcher, vocab_size: int, eos: Iterable[int]):
+    def __init__(self, matcher, vocab_size: int, eos: Iterable[int], grammar_eos: Iterable[int] = ()):
         self._m = matcher
         self.vocab_size = vocab_size
         self.eos = sorted(set(int(e) for e in eos if 0 <= int(e) < vocab_size))
-        self._grammar_eos = [e for e in getattr(matcher, "eos_tokens", []) if e not in self.eos]
+        # the tokenizer's EOS ids that this request does not end at (its own eos_token_id): never allowed
+        self._grammar_eos = [e for e in grammar_eos if e not in self.eos and 0 <= e < vocab_size]
         self._bitmask = np.zeros(((vocab_size + 31) // 32,), dtype=np.int32)
         self._pending = 0  # drafts the state has advanced through since the last keep
         self.busy_s = 0.0
@@ -236,8 +246,11 @@ class GrammarMatcher:
             raise RuntimeError(f"grammar rollback of {back} tokens failed: {self._m.get_error()}")
         self._pending = 0
         if token is not None and token not in self.eos:
-            if not self._m.consume_token(int(token)):
-                raise RuntimeError(f"token {token} is not allowed by the grammar: {self._m.get_error()}")
+            if not self._m.consume_token(int(token)):  # every token was masked: another rule forbade the rest
+                raise RuntimeError(
+                    f"token {token} is not allowed by the grammar ({self._m.get_error()}): no token the grammar "
+                    "allows here was left by the other generation settings (min_new_tokens forbids EOS where the "
+                    "document is complete?)")
         self.busy_s += time.perf_counter() - t0
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
@@ -251,6 +264,19 @@ class GrammarMatcher:
         n = self._m.validate_tokens(tokens[:cut]) if cut else 0
         self.busy_s += time.perf_counter() - t0
         return n
+
+    def forced(self, k: int) -> list:
+        """Up to ``k`` tokens the grammar forces next (llguidance's fast-forward tokens: the canonical tokenization of
+        the only bytes it allows, such as ``, "key": "`` between an object's fixed fields), EOS ids excluded; the
+        state is not changed. They make free drafts: verification still decides (the target may spell the same
+        bytes with other tokens)."""
+        if k < 1:
+            return []
+        t0 = time.perf_counter()
+        tokens = [t for t in self._m.compute_ff_tokens()[:k]]
+        n = self.valid_prefix(tokens)
+        self.busy_s += time.perf_counter() - t0
+        return tokens[:n]
 
     @property
     def accepting(self) -> bool:

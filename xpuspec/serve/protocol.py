@@ -161,7 +161,6 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: Optional[int] = None
     tools: Optional[list] = None
     tool_choice: Optional[Union[str, dict]] = None
-    response_format: Optional[dict] = None
 
     def check(self) -> None:
         self.refuse_unimplemented(self.logprobs)
@@ -169,7 +168,7 @@ class ChatCompletionRequest(GenerationRequest):
                 and self.max_tokens != self.max_completion_tokens:
             raise APIError(400, "max_tokens and max_completion_tokens differ; give one of them.",
                            param="max_completion_tokens")
-        for name in ("top_logprobs", "tools", "tool_choice", "response_format"):
+        for name in ("top_logprobs", "tools", "tool_choice"):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported by this server; leave it out.", param=name)
 
