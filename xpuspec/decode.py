@@ -14,6 +14,12 @@ width, a round with drafts is padded to the widest so far in the request, the pa
 
 Plain greedy decoding whose only processors are the length rules runs in the target's native engine where it has
 one (:meth:`xpuspec.runner.Runner.native_greedy`), and so does the rest of a request whose draft model stopped.
+
+Structured output hooks in at four places, through the request's ``grammar`` (:mod:`xpuspec.grammar`): drafts and
+guesses are cut at the first token it forbids (:func:`cut_draft`); a greedy round left without a draft verifies
+the tokens it forces (:func:`forced_draft`); :func:`verify_and_emit` masks every row of the verify pass by its
+state there and moves it by the kept tokens, rolled back past the rejected ones; a request with a grammar never
+takes the native route.
 """
 
 import time
@@ -263,9 +269,9 @@ def forced_draft(req: Request, widths: Widths, traits, room: int, draft: Draft, 
     ``(draft, guessed)`` unchanged without a grammar or forced tokens."""
     if req.grammar is None or req.config.do_sample:
         return draft, guessed
-    cap = max(widths.free, widths.model, traits.single_step_width - 1 if req.guesser is not None else 0)
-    if req.drafter is not None and req.policy is not None and not traits.fixed_verify_width:
-        cap = max(cap, req.policy.widest_needed() - 1)
+    cap = traits.single_step_width - 1 if req.guesser is not None else 0
+    if req.drafter is not None and req.policy is not None and not traits.fixed_verify_width:  # a guess is not padded
+        cap = max(cap, widths.free, widths.model, req.policy.widest_needed() - 1)
     forced = req.grammar.forced(min(cap, room))
     return (Draft(forced, None, len(forced)), True) if forced else (draft, guessed)
 
