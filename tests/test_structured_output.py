@@ -85,14 +85,14 @@ def test_the_matcher_masks_cuts_and_rolls_back(ov_int8, tokenizer):
     assert bool((rows == 0).all())  # the rows themselves are left as they are
     matcher.keep(1, doc[1])  # the second draft rejected, the target's token (doc[1]) kept instead
     assert matcher.valid_prefix(doc[2:]) == len(doc) - 2
-    with pytest.raises(RuntimeError, match="cut drafts"):
-        matcher.mask_rows(bad, torch.zeros(len(bad) + 1, ov_int8.runner.vocab_size))
-    matcher.keep(0, None)
+    assert not matcher.accepting
     for t in doc[2:]:
         matcher.keep(0, t)
     assert matcher.accepting
     allowed = matcher.allowed()
     assert allowed[tokenizer.eos_token_id] and int(allowed.sum()) == 1  # complete: EOS only
+    with pytest.raises(RuntimeError, match="cut drafts"):  # a draft that was not cut is refused, not masked
+        grammar([tokenizer.eos_token_id]).mask_rows(bad, torch.zeros(len(bad) + 1, ov_int8.runner.vocab_size))
 
 
 # -- 50 schemas -----------------------------------------------------------------------------------------------------
@@ -127,10 +127,12 @@ def test_greedy_constrained_output_is_plain_constrained_output_with_each_drafter
     for i, (messages, fmt, schema) in enumerate(FIVE):
         ids = chat_ids(tokenizer, messages)
         got = new_tokens(hybrid, ids, fmt, **kw)
+        stats = hybrid.last_generate_stats
         assert got == plain(i), f"request {i} with {drafter}"
         assert got == new_tokens(hybrid, ids, fmt, speculative=False)  # the same model plainly
         parse_and_validate(tokenizer.decode(got, skip_special_tokens=True), schema)
-        drafted += hybrid.last_generate_stats.drafted_tokens
+        assert stats.acceptance_counts is not None  # a speculative request
+        drafted += stats.drafted_tokens
     assert drafted > 0
 
 
@@ -151,9 +153,10 @@ def test_suffix_decoding_constrained_output_is_plain_constrained_output(smollm2_
 def test_forbidden_drafts_are_cut_before_verification(ov_int8, tokenizer, plain, monkeypatch):
     """A drafter that proposes the right next tokens then one the grammar forbids: the output stays the plain
     output, and no verify pass sees the forbidden token (the matcher refuses to mask a forbidden draft)."""
+    from xpuspec.grammar import GrammarMatcher
     from xpuspec.speculative import drafters
 
-    bad = tokenizer("hello", add_special_tokens=False).input_ids[0]
+    bad = tokenizer("\n", add_special_tokens=False).input_ids[0]  # a raw newline: nowhere in this JSON layout
     messages, fmt, _ = FIVE[1]
     ids = chat_ids(tokenizer, messages)
     expected = plain(1)
@@ -165,11 +168,21 @@ def test_forbidden_drafts_are_cut_before_verification(ov_int8, tokenizer, plain,
         proposed.append(len(tokens))
         return drafters.Draft(tokens, None, len(tokens))
 
+    verified = []
+    mask_rows = GrammarMatcher.mask_rows
+
+    def recording(self, drafts, rows):
+        verified.append(list(drafts))
+        return mask_rows(self, drafts, rows)
+
     monkeypatch.setattr(drafters.PromptLookupDrafter, "propose", propose)
+    monkeypatch.setattr(GrammarMatcher, "mask_rows", recording)
     got = new_tokens(ov_int8, ids, fmt, prompt_lookup_num_tokens=3)
     stats = ov_int8.last_generate_stats
     assert got == expected
     assert proposed and stats.drafted_tokens > 0
+    assert any(len(d) == 2 for d in verified)  # the right tokens were verified, the forbidden one cut off
+    assert not any(bad in d for d in verified)
     assert stats.accepted_tokens == stats.drafted_tokens  # every draft that reached the target was right
 
 
