@@ -26,6 +26,7 @@ from .errors import (
     PipelineConfigError,
     PipelineError,
     PromptTooLongError,
+    ResponseFormatError,
     PullError,
     NumericsError,
     SpeculativeConfigError,
@@ -46,7 +47,7 @@ __all__ = [
     "AutoModelForCausalLM", "AutoTokenizer", "XpuspecModelForCausalLM", "LowBitConfig", "FORMATS",
     "BUILTIN_MODELS", "pull", "export", "evaluate", "XpuspecError", "DeviceNotFoundError", "BackendUnavailableError",
     "ModelSourceError", "LowBitConfigError", "PullError", "CorpusError", "OutputExistsError", "DraftMismatchError",
-    "InvalidInputError", "PromptTooLongError", "GenerationConfigError", "UnsupportedArchitectureError",
+    "InvalidInputError", "PromptTooLongError", "ResponseFormatError", "GenerationConfigError", "UnsupportedArchitectureError",
     "PipelineConfigError", "PipelineError", "SpeculativeConfig", "SpeculativeConfigError", "KVBudgetError",
     "BatchNotSupportedError", "NumericsError", "DiskFullError", "CacheNotWritableError", "GGUFTokenizerError",
 ]

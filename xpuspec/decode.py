@@ -15,6 +15,12 @@ guess is a token for nothing.
 
 Plain greedy decoding whose only processors are the length rules may run in the target's native engine where it has
 one (:func:`hand_over`, :meth:`xpuspec.runner.Runner.native_greedy`).
+
+Structured output hooks in at four places, through the request's ``grammar`` (:mod:`xpuspec.grammar`): drafts and
+guesses are cut at the first token it forbids (:func:`cut_draft`); a greedy round left without a draft verifies
+the tokens it forces (:func:`forced_draft`); :func:`verify_and_emit` masks every row of the verify pass by its
+state there and moves it by the kept tokens, rolled back past the rejected ones; a request with a grammar never
+takes the native route.
 """
 
 import time
@@ -27,8 +33,8 @@ from transformers import GenerationConfig
 from .generation import GenerationStats, StopStrings, eos_ids, max_new_tokens, min_new_tokens
 from .runner import Runner
 from .scoring import Scorer, scorer_for
-from .speculative.drafters import NO_DRAFT, Drafter, DraftRequest, PromptLookupDrafter
-from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome
+from .speculative.drafters import NO_DRAFT, Draft, Drafter, DraftRequest, PromptLookupDrafter
+from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome, Widths
 from .speculative.profile import TargetCosts
 from .speculative.verify import accept_prefix, greedy_accept, rejection_sample
 
@@ -47,6 +53,9 @@ class Request:
         policy: the speculation policy of this request (``None`` for plain decoding).
         pad_to: the width rounds with drafts are padded to (a backend that keeps one width).
         scores, logits: processed scores and raw logits per new token, when the config asks for them.
+        grammar: the request's structured-output matcher (:class:`xpuspec.grammar.GrammarMatcher`), or ``None``:
+            it masks the target's rows at every verified position, cuts drafts (:func:`cut_draft`) and follows the
+            kept tokens; such a request never takes the native route.
     """
 
     context: List[int]
@@ -65,6 +74,7 @@ class Request:
     scores: List[torch.Tensor] = field(default_factory=list)
     logits: List[torch.Tensor] = field(default_factory=list)
     pad_to: int = 0
+    grammar: Optional[object] = None
     done: bool = False
     first_token_at: Optional[float] = None
 
@@ -79,13 +89,14 @@ class Request:
 
 def new_request(prompt: List[int], config: GenerationConfig, streamer=None, drafter: Optional[Drafter] = None,
                 policy: Optional[RequestPolicy] = None, stop: Optional[StopStrings] = None,
-                setup_s: float = 0.0) -> Request:
+                setup_s: float = 0.0, grammar=None) -> Request:
     """A :class:`Request` for ``prompt`` under a validated ``config``: the first piece of a request's life (then
     :func:`begin_drafting`, prefill and rounds of ``verify_and_emit`` and :func:`after_round`, :func:`end_drafting`,
     ``finish_request``), which :func:`decode` runs for one request and :mod:`xpuspec.engine` for many."""
     req = Request(list(prompt), len(prompt), config, scorer_for(config, len(prompt)), max_new_tokens(config, len(prompt)),
                   min_new_tokens(config, len(prompt)), frozenset(eos_ids(config)), stop, streamer, drafter, policy)
     req.stats.prompt_tokens, req.stats.setup_s = len(prompt), setup_s
+    req.grammar = grammar
     if drafter is not None:  # a speculative request reports its counts, zeros when nothing was drafted
         req.stats.acceptance_counts = AcceptanceCounts()
     return req
@@ -132,6 +143,9 @@ def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gue
     """Judge ``draft`` by the target's ``rows`` (``[len(draft.tokens) + 1, vocab]``), roll back the rejected
     drafts, emit the kept tokens and the target's own, and count them; returns the drafts accepted."""
     scored = None  # processed scores, built only where sampling or output_scores needs them
+    raw = rows
+    if req.grammar is not None:  # every verified position masked by the grammar's state there
+        rows = req.grammar.mask_rows(draft.tokens, rows)
     if req.config.do_sample:
         scored = req.scorer.rows(req.context, draft.tokens, rows)
         n, token = rejection_sample(draft.tokens, draft.probs, torch.softmax(scored, dim=-1))
@@ -141,8 +155,10 @@ def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gue
     else:
         n, token = accept_prefix(draft.tokens, req.scorer.best(req.context, draft.tokens, rows))
     target.rollback(len(draft.tokens) - n)
-    emitted = _emit(req, draft.tokens[:n] + [token], scored, rows)
+    emitted = _emit(req, draft.tokens[:n] + [token], scored, raw)
     kept, stats = min(n, emitted), req.stats
+    if req.grammar is not None:  # the grammar keeps what was emitted, rolled back past the rest
+        req.grammar.keep(kept, token if emitted > n else None)
     if guessed:
         stats.guessed_tokens += len(draft.tokens)
         stats.guesses_accepted += kept
@@ -151,6 +167,31 @@ def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gue
         stats.accepted_tokens += kept
         stats.acceptance_counts.add_round(len(draft.tokens), kept)
     return n
+
+
+def cut_draft(req: Request, draft: Draft) -> Draft:
+    """``draft`` up to the first token the request's grammar forbids (all of it without a grammar), so that no
+    verify pass is spent on a draft the mask would reject."""
+    if req.grammar is None or not draft.tokens:
+        return draft
+    k = req.grammar.valid_prefix(draft.tokens)
+    if k == len(draft.tokens):
+        return draft
+    return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], min(draft.free, k))
+
+
+def forced_draft(req: Request, widths: Widths, traits, room: int, draft: Draft, guessed: bool):
+    """Where a greedy round has no draft: the tokens the request's grammar forces next as a free guess
+    (:meth:`xpuspec.grammar.GrammarMatcher.forced`), as many as the request drafts (its policy's widest pass; the
+    free slot of a 2-wide step without speculation, or where the backend keeps one verify width);
+    ``(draft, guessed)`` unchanged without a grammar or forced tokens."""
+    if req.grammar is None or req.config.do_sample:
+        return draft, guessed
+    cap = traits.single_step_width - 1 if req.guesser is not None else 0
+    if req.drafter is not None and req.policy is not None and not traits.fixed_verify_width:  # a guess is not padded
+        cap = max(cap, widths.free, widths.model, req.policy.widest_needed() - 1)
+    forced = req.grammar.forced(min(cap, room))
+    return (Draft(forced, None, len(forced)), True) if forced else (draft, guessed)
 
 
 def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], rows: torch.Tensor) -> int:
@@ -172,9 +213,10 @@ def _emit(req: Request, tokens: Sequence[int], scored: Optional[torch.Tensor], r
 
 
 def native_greedy_applies(req: Request) -> bool:
-    """Plain greedy decoding without scores, logits, stop strings or processors other than the length rules."""
+    """Plain greedy decoding without scores, logits, stop strings, a grammar or processors other than the length
+    rules (the native engine cannot mask by a grammar)."""
     return not (req.config.do_sample or req.config.output_scores or req.config.output_logits) and \
-        req.scorer.only_length_rules and req.stop is None
+        req.scorer.only_length_rules and req.stop is None and req.grammar is None
 
 
 def hand_over(target: Runner, req: Request, costs: TargetCosts, engine: str, check=lambda: None) -> bool:

@@ -35,8 +35,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
-from .decode import (NO_DRAFT, Decision, Request, after_round, begin_drafting, drop_model, end_drafting,
-                     finish_request, hand_over, native_greedy_applies, verify_and_emit)
+from .decode import (NO_DRAFT, Decision, Request, after_round, begin_drafting, cut_draft, drop_model, end_drafting,
+                     finish_request, forced_draft, hand_over, native_greedy_applies, verify_and_emit)
 from .errors import KVBudgetError
 from .runner import Runner, torch_on_one_thread
 from .speculative.batch import BATCH_SWEEP_WIDTHS, RowChoice, batch_draft_lengths
@@ -371,7 +371,7 @@ class Engine:
             speculative = req.drafter is not None and req.policy is not None
             upper = req.policy.widths(req.produced, room, req.pad_to) if speculative else Widths(0, 0)
             t0 = time.perf_counter()
-            free = req.drafter.propose(Widths(0, upper.free)) if upper.free > 0 else NO_DRAFT
+            free = cut_draft(req, req.drafter.propose(Widths(0, upper.free)) if upper.free > 0 else NO_DRAFT)
             uppers.append(upper)
             drafts.append(free)
             draft_s.append(time.perf_counter() - t0)
@@ -383,11 +383,14 @@ class Engine:
             if draft.tokens:
                 draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], min(draft.free, k))
             elif k > 0 and req.drafter is not None and req.drafter.uses_model:
-                draft = req.drafter.propose(Widths(k, 0))
+                draft = cut_draft(req, req.drafter.propose(Widths(k, 0)))
             room = req.limit - req.produced - 1
             guess = not draft.tokens and req.guesser is not None and room > 0
             if guess:
-                draft = req.guesser.propose(Widths(0, width - 1))
+                draft = cut_draft(req, req.guesser.propose(Widths(0, width - 1)))
+            if not draft.tokens and room > 0:
+                draft, guess = forced_draft(req, Widths(k, 0) if k else uppers[i], self.target.traits, room, draft,
+                                            guess)
             draft_s[i] += time.perf_counter() - t0
             req.stats.draft_s += draft_s[i]
             out.append(draft)

@@ -54,6 +54,11 @@ class GenerationConfigError(XpuspecError, ValueError):
     """A generation argument has an invalid value (``max_new_tokens < 1``, sampling at temperature 0, ...)."""
 
 
+class ResponseFormatError(XpuspecError, ValueError):
+    """A ``response_format`` that cannot constrain output: an unknown type, a missing field, a JSON schema that is not
+    valid or not supported, a grammar or regex that does not compile (the message names the problem)."""
+
+
 class SpeculativeConfigError(XpuspecError, ValueError):
     """Speculative-decoding settings that cannot work together: an unknown mode, a draft length below 1,
     an unknown schedule, n-gram sizes out of order, overlap without a draft model."""

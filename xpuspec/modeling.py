@@ -18,8 +18,8 @@ from .cache import METADATA_FILE, atomic_folder, read_metadata, refuse_replacing
 from .devices import resolve_device
 from .errors import LowBitConfigError, ModelSourceError, OutputExistsError, SpeculativeConfigError
 from .batching import DEFAULT_MAX_BATCH
-from .generation import (GenerationStats, batch_stats, check_max_length, pack_batch_output, pack_output, resolve_generation_config,
-                         stop_strings)
+from .generation import (GenerationStats, batch_stats, check_max_length, eos_ids, pack_batch_output, pack_output,
+                         resolve_generation_config, stop_strings)
 from .hf_folder import check_tokenizer_files
 from .inputs import check_batch, check_fits, check_input_ids, clamp_to_context, is_batch
 from .lowbit import LowBitConfig, decoder_in_channels, resolve_low_bit
@@ -161,7 +161,7 @@ class XpuspecModelForCausalLM:
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, streamer=None,
                  assistant_model=None, prompt_lookup_num_tokens=None, num_assistant_tokens=None,
                  num_assistant_tokens_schedule=None, assistant_confidence_threshold=None,
-                 speculative: Optional[bool] = None, tokenizer=None, **kwargs):
+                 speculative: Optional[bool] = None, tokenizer=None, response_format=None, **kwargs):
         """Generate like ``transformers.GenerationMixin.generate`` (greedy or sampling, one prompt or a batch).
 
         Args:
@@ -178,6 +178,11 @@ class XpuspecModelForCausalLM:
                 draft length k, ``"heuristic"`` or ``"constant"``, and the confidence stop.
             speculative: ``False`` decodes plainly even if the model was loaded with ``speculative=``.
             tokenizer: the model's tokenizer, which ``stop_strings`` need (transformers' argument).
+            response_format: structured output, as in the OpenAI API: ``{"type": "json_schema", "json_schema":
+                {"name": ..., "schema": {...}}}``, ``{"type": "json_object"}``, or vLLM's grammars as
+                ``{"type": "grammar", "grammar": "<Lark>"}`` / ``{"type": "regex", "regex": "..."}``
+                (:mod:`xpuspec.grammar`): every token, drafted or not, is masked by the grammar, so greedy output
+                is the same with speculation on and off; EOS only where the output is complete.
             **kwargs: GenerationConfig fields: ``max_new_tokens``, ``min_new_tokens``, ``do_sample``,
                 ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``eos_token_id``,
                 ``pad_token_id``, ``return_dict_in_generate``, ``output_scores``, ``output_logits``, ``stop_strings`` (the
@@ -205,6 +210,8 @@ class XpuspecModelForCausalLM:
                 an ``attention_mask`` of another shape; in a batch, ragged lists, a mask with a hole, a row of zeros,
                 or padding on both sides.
             PromptTooLongError: the prompt leaves no room in the context, or passes the NPU prompt window.
+            ResponseFormatError: a ``response_format`` of an unknown type, a schema that is not valid or not
+                supported, a grammar or regex that does not compile.
             GenerationConfigError: ``max_new_tokens < 1``, a ``max_length`` the prompt fills, ``do_sample`` with
                 ``temperature <= 0``, a sampling value transformers refuses (``top_k=-1``).
             SpeculativeConfigError: a draft length, schedule or confidence threshold that is not valid, or
@@ -238,11 +245,35 @@ class XpuspecModelForCausalLM:
         if assistant_model is not None and assistant_model.runner is self.runner:
             raise ValueError("assistant_model is this model itself; they would share one KV cache. "
                              "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative='self'.")
+        grammar = self.grammar_for(response_format)
         if batch is not None:
             return self._generate_rows(*batch, generation_config, streamer, assistant_model, spec_args, speculative,
-                                       tokenizer, kwargs)
+                                       tokenizer, kwargs, grammar)
         return self._generate_rows(input_ids, [input_ids[0].tolist()], None, generation_config, streamer,
-                                   assistant_model, spec_args, speculative, tokenizer, kwargs)
+                                   assistant_model, spec_args, speculative, tokenizer, kwargs, grammar)
+
+    def grammar_for(self, response_format):
+        """``eos -> GrammarMatcher`` for ``response_format`` (compiled now, so a bad one fails before decoding; the
+        server calls it to refuse one before queueing), or ``None`` without one. The grammar compiler of the model's
+        own tokenizer is made on first use (about a second) and caches compiled grammars.
+
+        Raises:
+            ResponseFormatError: as :meth:`generate`.
+        """
+        from .grammar import GrammarCompiler, grammar_of
+
+        if grammar_of(response_format) is None:
+            return None
+        with self._loop_lock:
+            compiler = getattr(self, "_grammar_compiler", None)
+            if compiler is None:
+                import transformers
+
+                tokenizer = transformers.AutoTokenizer.from_pretrained(str(self._source_folder))
+                compiler = GrammarCompiler(tokenizer, self.runner.vocab_size, eos_ids(self.generation_config))
+                self._grammar_compiler = compiler
+        compiler.compile(response_format)
+        return lambda eos: compiler.matcher(response_format, eos)
 
     def _policy_for(self, plan, config, target_steps: bool = True):
         """``(plan, policy, setup_s, skipped)`` of one request: the policy of ``plan``'s drafter, the plan without
@@ -304,7 +335,7 @@ class XpuspecModelForCausalLM:
                 self._loop = None
 
     def _generate_rows(self, ids, prompts, side, generation_config, streamer, assistant_model, spec_args,
-                       speculative, tokenizer, kwargs):
+                       speculative, tokenizer, kwargs, grammar=None):
         """:meth:`generate` for ``prompts`` (one per row of ``ids``), as rows of this model's engine."""
         from .decode import new_request
         from .engine import Job
@@ -333,7 +364,7 @@ class XpuspecModelForCausalLM:
                     assistant_model, *spec_args)
                 plan, policy, setup_s, skipped = self._policy_for(plan, config)
                 req = new_request(prompt, config, row_streamer, None if plan is None else plan.drafter, policy,
-                                  stop, setup_s)
+                                  stop, setup_s, None if grammar is None else grammar(eos_ids(config)))
                 req.stats.draft_model_skipped = skipped
                 return req
             return make

@@ -15,7 +15,7 @@ Per-request speculative figures follow vLLM's spec-decode metrics (``num_drafts`
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -41,6 +41,7 @@ class GenerationParams:
         num_assistant_tokens, prompt_lookup_num_tokens, assistant_confidence_threshold: ``generate``'s speculative
             arguments of the same names (``None``: the model's own settings).
         speculative: ``False`` decodes plainly on a model loaded with speculation (``generate``'s argument).
+        response_format: structured output, ``generate``'s argument (:mod:`xpuspec.grammar`), or ``None``.
     """
 
     max_new_tokens: int
@@ -51,13 +52,15 @@ class GenerationParams:
     prompt_lookup_num_tokens: Optional[int] = None
     assistant_confidence_threshold: Optional[float] = None
     speculative: Optional[bool] = None
+    response_format: Optional[dict] = field(default=None, hash=False, compare=False)
 
     def generate_kwargs(self) -> dict:
         """``generate``'s keyword arguments for these settings (no top-k: the OpenAI API has none)."""
         sampling = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0) \
             if self.temperature > 0 else dict(do_sample=False)
         speculation = {name: getattr(self, name) for name in SPECULATIVE_FIELDS if getattr(self, name) is not None}
-        return dict(max_new_tokens=self.max_new_tokens, **sampling, **speculation)
+        structured = {"response_format": self.response_format} if self.response_format is not None else {}
+        return dict(max_new_tokens=self.max_new_tokens, **sampling, **speculation, **structured)
 
 
 #: The speculative request fields, named as ``generate``'s arguments (and OVMS's and transformers').
@@ -214,7 +217,9 @@ class SerialBackend:
         Raises:
             SpeculativeConfigError: ``speculative=False`` with speculative settings, a draft length with nothing to
                 draft with, or a confidence threshold without a draft model.
+            ResponseFormatError: a ``response_format`` that does not compile (compiled here, then cached).
         """
+        self.model.grammar_for(params.response_format)
         given = [n for n in SPECULATIVE_FIELDS[:-1] if getattr(params, n) is not None]
         if params.speculative is False and given:
             raise SpeculativeConfigError(f"speculative=false decodes plainly; leave out {', '.join(given)}.")

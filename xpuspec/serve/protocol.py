@@ -8,7 +8,7 @@ Extra fields that tune speculation per request use transformers' and OVMS's name
 
 import time
 import uuid
-from typing import Annotated, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -124,6 +124,8 @@ class GenerationRequest(_Strict):
     prompt_lookup_num_tokens: Optional[Int(ge=1)] = None
     assistant_confidence_threshold: Optional[float] = Field(None, ge=0, lt=1)
     speculative: Optional[bool] = None
+    # structured output (OpenAI's field; vLLM's grammars as types "grammar" and "regex": xpuspec.grammar)
+    response_format: Optional[Dict[str, Any]] = None
 
     def stop_strings(self) -> List[str]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -153,7 +155,19 @@ class GenerationRequest(_Strict):
             max_new_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
             num_assistant_tokens=self.num_assistant_tokens, prompt_lookup_num_tokens=self.prompt_lookup_num_tokens,
-            assistant_confidence_threshold=self.assistant_confidence_threshold, speculative=self.speculative)
+            assistant_confidence_threshold=self.assistant_confidence_threshold, speculative=self.speculative,
+            response_format=self.checked_response_format())
+
+    def checked_response_format(self) -> Optional[dict]:
+        """``response_format`` with its shape checked (the schema compiles in the backend's check), ``None`` for
+        none or ``{"type": "text"}``; raises :class:`APIError` (400, param ``response_format``) naming the problem."""
+        from ..errors import ResponseFormatError
+        from ..grammar import grammar_of
+
+        try:
+            return None if grammar_of(self.response_format) is None else self.response_format
+        except ResponseFormatError as exc:
+            raise APIError(400, str(exc), param="response_format") from None
 
     @property
     def include_usage(self) -> bool:
@@ -212,7 +226,6 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: Optional[Int()] = Field(None, json_schema_extra=_documents(minimum=0, maximum=0))
     tools: Optional[list] = Field(None, json_schema_extra=_documents(maxItems=0))
     tool_choice: Optional[Union[str, dict]] = Field(None, json_schema_extra=_documents(maxLength=0, maxProperties=0))
-    response_format: Optional[dict] = Field(None, json_schema_extra=_documents(maxProperties=0))
 
     def check(self) -> None:
         self.refuse_unimplemented(self.logprobs)
@@ -220,7 +233,7 @@ class ChatCompletionRequest(GenerationRequest):
                 and self.max_tokens != self.max_completion_tokens:
             raise APIError(400, "max_tokens and max_completion_tokens differ; give one of them.",
                            param="max_completion_tokens")
-        for name in ("top_logprobs", "tools", "tool_choice", "response_format"):
+        for name in ("top_logprobs", "tools", "tool_choice"):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported by this server; leave it out.", param=name)
 
