@@ -1,0 +1,170 @@
+"""EAGLE-3 heads in the Speculators format: loading, the refusal of a mismatched head, the head's forward against the
+``speculators`` package's own, the d2t mapping and the head's KV-cache rollback."""
+
+import copy
+import sys
+import types
+
+import pytest
+import torch
+
+from xpuspec.errors import DraftMismatchError, ModelSourceError
+from xpuspec.speculative.eagle3 import Eagle3Head, check_head, is_eagle3_head, new_head, read_head
+
+TINY_LAYERS = 8  # the default taps (2, 4, 5) are distinct
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from tiny import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("e3") / "target", seed=1, layers=TINY_LAYERS)
+
+
+def _speculators():
+    """speculators' EAGLE-3 model and config classes, or a skip.
+
+    speculators 0.9.0 installs with ``pip install --no-deps speculators==0.9.0`` (its dependencies pin transformers
+    and pull torchvision). Its EAGLE-3 modules import, through ``speculators.train.data``, two packages that only its
+    training-data path uses: ``datasets`` (whose dependencies would move huggingface_hub) and ``hs_connectors``. Where
+    they are absent, those names are stood in for by empty modules: the model code under test uses neither.
+    """
+    for name in ("datasets", "hs_connectors"):
+        try:
+            __import__(name)
+        except ImportError:
+            stub = types.ModuleType(name)
+            for attr in ("load_from_disk", "load_dataset", "concatenate_datasets", "Dataset", "FileTransfer",
+                         "HiddenStatesTransfer", "HiddenStatesBackend"):
+                setattr(stub, attr, type(attr, (), {}))
+            sys.modules[name] = stub
+    try:
+        from speculators import SpeculatorsConfig, VerifierConfig
+        from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+        from speculators.proposals.greedy import GreedyTokenProposalConfig
+        from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+    except ImportError as exc:
+        pytest.skip(f"speculators 0.9.0 is not importable ({exc}); pip install --no-deps speculators==0.9.0")
+    return (SpeculatorsConfig, VerifierConfig, Eagle3DraftModel, Eagle3SpeculatorConfig, GreedyTokenProposalConfig,
+            build_vocab_mappings_from_distribution)
+
+
+def _speculators_head(target, folder, layers=1, **flags):
+    """A random head made and saved by speculators' own code for ``target``; returns (model, folder)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    SpecConfig, Verifier, Model, Config, Greedy, mappings = _speculators()
+    verifier = AutoConfig.from_pretrained(target)
+    layer = copy.deepcopy(verifier)
+    layer.num_hidden_layers = layers
+    layer._attn_implementation = "eager"
+    d2t, t2d = mappings({i: 100 - i for i in range(3, 16)}, 8, verifier.vocab_size)
+    config = Config(transformer_layer_config=layer, draft_vocab_size=8,
+                    speculators_config=SpecConfig(algorithm="eagle3", proposal_methods=[Greedy(speculative_tokens=3)],
+                                                  default_proposal_method="greedy",
+                                                  verifier=Verifier.from_pretrained(str(target))), **flags)
+    torch.manual_seed(0)
+    model = Model(config)
+    model.load_vocab_mappings(t2d, d2t)
+    weights = load_file(str(target / "model.safetensors"))
+    with torch.no_grad():  # what load_verifier_weights does (it needs loguru); then a random head and norms
+        model.embed_tokens.weight.copy_(weights["model.embed_tokens.weight"])
+        model.lm_head.weight.normal_()
+        model.verifier_lm_head.weight.normal_()
+        model.verifier_norm.weight.fill_(1)
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return model.eval(), folder
+
+
+@pytest.mark.parametrize("layers,flags", [(1, {"norm_before_residual": True}), (2, {}),
+                                          (1, {"fc_norm": True, "norm_output": True})])
+def test_logits_equal_speculators_forward(tiny_target, tmp_path, layers, flags):
+    """A head saved by speculators loads, and its draft logits equal speculators' forward within 1e-4: every
+    position's first step, and chains of 3 steps (speculators' test-time-training steps, teacher-forced)."""
+    model, folder = _speculators_head(tiny_target, tmp_path / "head", layers, **flags)
+    assert is_eagle3_head(folder)
+    spec = read_head(folder)
+    assert spec.speculative_tokens == 3 and spec.draft_vocab_size == 8 and spec.layer_ids is None
+    taps = check_head(spec, 32, 16, TINY_LAYERS)
+    assert taps == (2, 4, 5)
+    head = Eagle3Head.load(spec, taps)
+    n = 7
+    torch.manual_seed(1)
+    hidden, tokens = torch.randn(1, n, 3 * 32), torch.randint(0, 16, (1, n))
+    steps = []
+    hook = model.lm_head.register_forward_hook(lambda mod, i, out: steps.append(out.detach()[0]))
+    with torch.no_grad():
+        model(hidden, tokens, torch.zeros(1, n, dtype=torch.long), ttt_steps=3)
+    hook.remove()
+    logits, _ = head(tokens[0].tolist(), head.project(hidden[0]))
+    assert (logits - steps[0]).abs().max() < 1e-4
+    for t in range(n - 2):  # a chain from position t: steps 1, 2 are fed the next tokens
+        head.reset()
+        logits, out = head(tokens[0, :t + 1].tolist(), head.project(hidden[0, :t + 1]))
+        assert (logits[-1] - steps[0][t]).abs().max() < 1e-4
+        for k in (1, 2):
+            logits, out = head([int(tokens[0, t + k])], out[-1:])
+            assert (logits[-1] - steps[k][t]).abs().max() < 1e-4, (t, k)
+
+
+def test_d2t_maps_draft_ids_to_target_ids(tiny_target, tmp_path):
+    from transformers import AutoConfig
+
+    folder = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head", draft_ids=[3, 5, 9, 15])
+    spec = read_head(folder)
+    head = Eagle3Head.load(spec, check_head(spec, 32, 16, TINY_LAYERS))
+    assert head.d2t.tolist() == [3, 4, 7, 12]  # offsets: target id = draft id + d2t[draft id]
+    full = head.to_target(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), 16)
+    assert full[0, [3, 5, 9, 15]].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert torch.isinf(full).sum() == 12 and int(full.argmax()) == 15
+
+
+def test_mismatched_head_is_refused_naming_each_mismatch(tiny_target, tmp_path):
+    from transformers import AutoConfig
+
+    folder = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head")
+    spec = read_head(folder)
+    with pytest.raises(DraftMismatchError, match=r"hidden size 32 \(target: 64\).*vocabulary of 16 tokens "
+                                                 r"\(target: 20\)"):
+        check_head(spec, 64, 20, TINY_LAYERS)
+    with pytest.raises(DraftMismatchError, match=r"tapped layers \[2, 2, 2\]"):
+        check_head(spec, 32, 16, 5)  # the default taps of 5 layers are (2, 2, 2)
+    explicit = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "explicit", layer_ids=[1, 4, 7])
+    with pytest.raises(DraftMismatchError, match=r"tapped layers \[1, 4, 7\] \(the target has 6 layers"):
+        check_head(read_head(explicit), 32, 16, 6)
+    assert check_head(read_head(explicit), 32, 16, TINY_LAYERS) == (1, 4, 7)
+
+
+def test_not_a_head_is_refused(tmp_path):
+    with pytest.raises(ModelSourceError, match="no config.json"):
+        read_head(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert not is_eagle3_head(tmp_path)
+    with pytest.raises(ModelSourceError, match="not an EAGLE-3 head"):
+        read_head(tmp_path)
+
+
+def test_rollback_gives_the_same_logits(tiny_target, tmp_path):
+    """Entries dropped by rollback and computed again give the logits they gave the first time; other entries
+    fed in their place give others (the cache really holds them)."""
+    from transformers import AutoConfig
+
+    folder = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head", seed=3)
+    spec = read_head(folder)
+    head = Eagle3Head.load(spec, check_head(spec, 32, 16, TINY_LAYERS))
+    torch.manual_seed(2)
+    taps = torch.randn(6, 96)
+    first, _ = head([4, 5, 6, 7, 8, 9], head.project(taps))
+    head.rollback(3)
+    assert head.length == 3
+    again, _ = head([7, 8, 9], head.project(taps[3:]))
+    assert torch.allclose(first[3:], again, atol=1e-5)
+    head.rollback(3)
+    other, _ = head([10, 11, 12], head.project(taps[3:]))
+    assert not torch.allclose(first[4:], other[1:], atol=1e-3)
+    with pytest.raises(ValueError):
+        head.rollback(7)
