@@ -168,3 +168,92 @@ def test_rollback_gives_the_same_logits(tiny_target, tmp_path):
     assert not torch.allclose(first[4:], other[1:], atol=1e-3)
     with pytest.raises(ValueError):
         head.rollback(7)
+
+
+def _eagle3_model(target, head, backend="torch", **config):
+    from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+
+    spec = SpeculativeConfig(mode="eagle3", draft=str(head), cost_model=False, num_assistant_tokens=3,
+                             num_assistant_tokens_schedule="constant", **config)
+    return AutoModelForCausalLM.from_pretrained(str(target), device="cpu", backend=backend, speculative=spec)
+
+
+def test_greedy_identity_and_taps_of_accepted_positions(tiny_target, tmp_path):
+    """Through generate on a tiny torch target: the output is the plain greedy output, the head drafted every
+    round, and the taps the drafter holds for every position before the last are the target's own hidden states
+    of the output (those of accepted tokens, not of rejected drafts)."""
+    import transformers
+    from transformers import AutoConfig
+
+    from xpuspec import AutoModelForCausalLM
+    from xpuspec.speculative.eagle3_drafter import Eagle3Drafter
+
+    head = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head", draft_ids=[2, 3, 5, 7, 8, 9, 11, 13])
+    plain = AutoModelForCausalLM.from_pretrained(str(tiny_target), device="cpu", backend="torch")
+    model = _eagle3_model(tiny_target, head)
+    assert model.eagle3_head is not None and model.runner.tap_ids == (2, 4, 5)
+    seen = {}
+    ends = Eagle3Drafter.end
+
+    def keep(self):
+        seen["taps"], seen["filled"] = self.taps[:self.filled].clone(), self.filled
+        ends(self)
+
+    Eagle3Drafter.end = keep
+    try:
+        for prompt in ([1, 4, 5, 6, 4, 5], [1, 9, 3, 12, 7]):
+            ids = torch.tensor([prompt])
+            want = plain.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
+            got = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
+            assert got.tolist() == want.tolist()
+            stats = model.last_generate_stats
+            assert stats.drafted_tokens >= 3 * 4, stats  # drafted in every round (cost model off)
+            reference = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_target)).eval()
+            with torch.no_grad():
+                hidden = reference(got, output_hidden_states=True).hidden_states
+            taps = torch.cat([hidden[i][0] for i in (2, 4, 5)], dim=-1)
+            n = got.shape[1] - 1  # the last token was never fed to the target
+            assert seen["filled"] >= n
+            assert torch.allclose(seen["taps"][:n], taps[:n], atol=1e-4)
+    finally:
+        Eagle3Drafter.end = ends
+
+
+def test_eagle3_mode_needs_a_head_and_refuses_draft_options(tiny_target, tmp_path):
+    from xpuspec import SpeculativeConfig
+    from xpuspec.errors import SpeculativeConfigError
+    from xpuspec.speculative.config import resolve_speculative
+
+    with pytest.raises(SpeculativeConfigError, match="needs draft="):
+        SpeculativeConfig(mode="eagle3")
+    with pytest.raises(SpeculativeConfigError, match="drop draft_low_bit="):
+        SpeculativeConfig(mode="eagle3", draft="x", draft_low_bit="int4_sym")
+    with pytest.raises(SpeculativeConfigError, match="names its folder"):
+        resolve_speculative("eagle3")
+    from transformers import AutoConfig
+
+    head = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head")
+    assert resolve_speculative(str(head)).mode == "eagle3"
+
+
+def test_mismatched_head_fails_before_the_target_loads(tiny_target, tmp_path, monkeypatch):
+    """from_pretrained refuses a head made for another model before the backend loads the target."""
+    from tiny import tiny_model
+    from transformers import AutoConfig
+
+    import xpuspec_torch
+
+    other = tiny_model(tmp_path / "other", seed=3, layers=4)
+    head = new_head(AutoConfig.from_pretrained(other), tmp_path / "head", layer_ids=[1, 2, 3])
+    wide = AutoConfig.from_pretrained(tiny_target)
+    wide.hidden_size = 64
+    wide_head = new_head(wide, tmp_path / "wide")
+    loads = []
+    monkeypatch.setattr(xpuspec_torch.TorchBackend, "load", lambda *a, **k: loads.append(a) or 1 / 0, raising=False)
+    with pytest.raises(DraftMismatchError, match=r"hidden size 64 \(target: 32\)"):
+        _eagle3_model(tiny_target, wide_head)
+    assert check_head(read_head(head), 32, 16, TINY_LAYERS) == (1, 2, 3)  # fits 8 layers too; a 2-layer target:
+    two = tiny_model(tmp_path / "two", seed=4, layers=2)
+    with pytest.raises(DraftMismatchError, match=r"tapped layers \[1, 2, 3\] \(the target has 2 layers"):
+        _eagle3_model(two, head)
+    assert not loads

@@ -208,6 +208,23 @@ def check_head(spec: HeadSpec, hidden_size: int, vocab_size: int, num_layers: in
     return tuple(ids)
 
 
+def target_embeddings(folder) -> torch.Tensor:
+    """The token embeddings ``[vocab, hidden]`` in a transformers folder's safetensors.
+
+    Raises:
+        ModelSourceError: no safetensors in ``folder`` hold them.
+    """
+    from safetensors import safe_open
+
+    for file in sorted(Path(str(folder)).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                if name.endswith("embed_tokens.weight"):
+                    return f.get_tensor(name).float()
+    raise ModelSourceError(f"The EAGLE-3 head has no embed_tokens.weight and {folder} has no safetensors with the "
+                           "target's embeddings: save the head with embed_tokens.weight (speculators 0.9.0 does).")
+
+
 def _layer_classes(model_type: str):
     """transformers' decoder layer, RMSNorm and rotary embedding classes of ``model_type``."""
     module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
@@ -255,13 +272,14 @@ class Eagle3Head(torch.nn.Module):
         self.reset()
 
     @classmethod
-    def load(cls, spec: HeadSpec, layer_ids: Sequence[int], embeddings: Optional[torch.Tensor] = None) -> "Eagle3Head":
+    def load(cls, spec: HeadSpec, layer_ids: Sequence[int], embeddings=None) -> "Eagle3Head":
         """Load ``spec``'s weights (checked first with :func:`check_head`).
 
         Args:
             spec: the head's config.
             layer_ids: the taps :func:`check_head` resolved.
-            embeddings: the target's token embeddings ``[vocab, hidden]``, used where the checkpoint has none.
+            embeddings: the target's token embeddings ``[vocab, hidden]``, or a function returning them, used where
+                the checkpoint has none.
 
         Raises:
             ModelSourceError: a weight missing or of the wrong shape, or no embeddings at all.
@@ -291,7 +309,7 @@ class Eagle3Head(torch.nn.Module):
         if "embed_tokens.weight" in weights:
             weights["embed.weight"] = weights.pop("embed_tokens.weight")
         elif embeddings is not None:
-            weights["embed.weight"] = embeddings.float()
+            weights["embed.weight"] = (embeddings() if callable(embeddings) else embeddings).float()
         else:
             raise ModelSourceError(f"The EAGLE-3 head at {spec.path} has no embed_tokens.weight and the target's "
                                    "embeddings could not be read: load the target from a folder with safetensors.")
