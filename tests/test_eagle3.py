@@ -100,14 +100,14 @@ def test_logits_equal_speculators_forward(tiny_target, tmp_path, layers, flags):
     with torch.no_grad():
         model(hidden, tokens, torch.zeros(1, n, dtype=torch.long), ttt_steps=3)
     hook.remove()
-    logits, _ = head(tokens[0].tolist(), head.project(hidden[0]))
+    logits, _ = head(tokens[0].tolist(), head.project(hidden[0]), head.new_cache())
     assert (logits - steps[0]).abs().max() < 1e-4
     for t in range(n - 2):  # a chain from position t: steps 1, 2 are fed the next tokens
-        head.reset()
-        logits, out = head(tokens[0, :t + 1].tolist(), head.project(hidden[0, :t + 1]))
+        cache = head.new_cache()
+        logits, out = head(tokens[0, :t + 1].tolist(), head.project(hidden[0, :t + 1]), cache)
         assert (logits[-1] - steps[0][t]).abs().max() < 1e-4
         for k in (1, 2):
-            logits, out = head([int(tokens[0, t + k])], out[-1:])
+            logits, out = head([int(tokens[0, t + k])], out[-1:], cache)
             assert (logits[-1] - steps[k][t]).abs().max() < 1e-4, (t, k)
 
 
@@ -158,16 +158,17 @@ def test_rollback_gives_the_same_logits(tiny_target, tmp_path):
     head = Eagle3Head.load(spec, check_head(spec, 32, 16, TINY_LAYERS))
     torch.manual_seed(2)
     taps = torch.randn(6, 96)
-    first, _ = head([4, 5, 6, 7, 8, 9], head.project(taps))
-    head.rollback(3)
-    assert head.length == 3
-    again, _ = head([7, 8, 9], head.project(taps[3:]))
+    cache = head.new_cache()
+    first, _ = head([4, 5, 6, 7, 8, 9], head.project(taps), cache)
+    cache.rollback(3)
+    assert cache.length == 3
+    again, _ = head([7, 8, 9], head.project(taps[3:]), cache)
     assert torch.allclose(first[3:], again, atol=1e-5)
-    head.rollback(3)
-    other, _ = head([10, 11, 12], head.project(taps[3:]))
+    cache.rollback(3)
+    other, _ = head([10, 11, 12], head.project(taps[3:]), cache)
     assert not torch.allclose(first[4:], other[1:], atol=1e-3)
     with pytest.raises(ValueError):
-        head.rollback(7)
+        cache.rollback(7)
 
 
 def _eagle3_model(target, head, backend="torch", **config):
@@ -257,3 +258,40 @@ def test_mismatched_head_fails_before_the_target_loads(tiny_target, tmp_path, mo
     with pytest.raises(DraftMismatchError, match=r"tapped layers \[1, 2, 3\] \(the target has 2 layers"):
         _eagle3_model(two, head)
     assert not loads
+
+
+@pytest.fixture(scope="module")
+def smollm2_head(smollm2_path, tmp_path_factory):
+    """A random head for SmolLM2 (default taps 2, 15, 27; an 8000-token draft vocabulary), written as speculators
+    writes one, with the target's embeddings."""
+    from transformers import AutoConfig
+
+    from xpuspec.speculative.eagle3 import target_embeddings
+
+    return new_head(AutoConfig.from_pretrained(smollm2_path), tmp_path_factory.mktemp("smol") / "head",
+                    draft_ids=range(8000), embeddings=target_embeddings(smollm2_path))
+
+
+def test_smollm2_openvino_greedy_identity_alone_and_in_a_batch(smollm2_head, ov_int8, tokenizer):
+    """SmolLM2 int8 on OpenVINO with a random head drafting every round (the taps come from the verify pass's
+    extra outputs): alone and as rows of a batch, the output is the plain greedy output."""
+    from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+
+    spec = SpeculativeConfig(mode="eagle3", draft=str(smollm2_head), cost_model=False, num_assistant_tokens=3,
+                             num_assistant_tokens_schedule="constant")
+    model = AutoModelForCausalLM.from_pretrained("smollm2-135m-instruct", device="cpu", load_in_low_bit="int8_asym",
+                                                 speculative=spec)
+    prompts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, there was a"]
+    for text in prompts[:2]:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        want = ov_int8.generate(ids, max_new_tokens=20, do_sample=False)
+        got = model.generate(ids, max_new_tokens=20, do_sample=False)
+        assert got.tolist() == want.tolist(), text
+        assert model.last_generate_stats.drafted_tokens >= 3 * 5
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    want = ov_int8.generate(**batch, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    got = model.generate(**batch, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert got.tolist() == want.tolist()
+    assert model.last_generate_stats.drafted_tokens > 0

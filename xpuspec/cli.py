@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--speculative", default=None, metavar="MODE",
-                   help="self | layer_skip | prompt_lookup | hybrid | suffix | suffix_hybrid | a draft model path or name (default: plain decoding)")
+                   help="self | layer_skip | prompt_lookup | hybrid | suffix | suffix_hybrid | a draft model path or name | an EAGLE-3 head folder (Speculators format) (default: plain decoding)")
     p.add_argument("--draft-low-bit", default=None, choices=FORMATS, help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
     p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4; 10 for prompt_lookup)")

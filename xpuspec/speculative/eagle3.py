@@ -235,11 +235,27 @@ def _layer_classes(model_type: str):
     return found["DecoderLayer"], found["RMSNorm"], found["RotaryEmbedding"]
 
 
-class Eagle3Head(torch.nn.Module):
-    """An EAGLE-3 head with its own KV cache (see the module docstring for the math and positions).
+class HeadCache:
+    """A head's KV cache for one request: entries ``1..length`` (see the module docstring)."""
 
-    Build it with :meth:`load`. The cache holds entries ``1..length``; :meth:`rollback` drops the last ones.
-    All tensors are float32 on the CPU.
+    def __init__(self):
+        from transformers import DynamicCache
+
+        self.kv = DynamicCache()
+        self.length = 0
+
+    def rollback(self, n: int) -> None:
+        """Drop the last ``n`` entries."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"rollback({n}) with {self.length} entries in the head's cache")
+        if n:
+            self.length -= n
+            self.kv.crop(self.length)
+
+
+class Eagle3Head(torch.nn.Module):
+    """An EAGLE-3 head (see the module docstring for the math and positions); each request drafts on a
+    :class:`HeadCache` of its own (:meth:`new_cache`). Build it with :meth:`load`. Float32 on the CPU.
     """
 
     def __init__(self, spec: HeadSpec, layer_ids: Sequence[int]):
@@ -269,7 +285,6 @@ class Eagle3Head(torch.nn.Module):
         self.lm_head = torch.nn.Linear(hidden, spec.draft_vocab_size, bias=False)
         self.embed = torch.nn.Embedding(spec.vocab_size, hidden)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
-        self.reset()
 
     @classmethod
     def load(cls, spec: HeadSpec, layer_ids: Sequence[int], embeddings=None) -> "Eagle3Head":
@@ -328,21 +343,9 @@ class Eagle3Head(torch.nn.Module):
         head.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
         return head.eval()
 
-    # -- cache ------------------------------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Empty the KV cache."""
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache()
-        self.length = 0  # entries held; the next entry is at position length + 1
-
-    def rollback(self, n: int) -> None:
-        """Drop the last ``n`` cache entries."""
-        if not 0 <= n <= self.length:
-            raise ValueError(f"rollback({n}) with {self.length} entries in the head's cache")
-        if n:
-            self.length -= n
-            self.cache.crop(self.length)
+    def new_cache(self) -> "HeadCache":
+        """An empty KV cache for one request (a head's weights serve any number of requests)."""
+        return HeadCache()
 
     # -- forward ----------------------------------------------------------------------------------------------------
     def project(self, taps: torch.Tensor) -> torch.Tensor:
@@ -354,12 +357,13 @@ class Eagle3Head(torch.nn.Module):
         return self.fc(taps)
 
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Append ``len(tokens)`` entries to the cache, at positions ``length + 1`` on.
+    def forward(self, tokens: Sequence[int], hidden: torch.Tensor, cache: "HeadCache") -> Tuple[torch.Tensor, torch.Tensor]:
+        """Append ``len(tokens)`` entries to ``cache``, at positions ``cache.length + 1`` on.
 
         Args:
             tokens: target token ids, one per entry.
             hidden: ``[n, H]`` float32: :meth:`project`-ed taps, or the head's own outputs of the previous entries.
+            cache: the request's :class:`HeadCache`.
 
         Returns:
             ``(logits, out)``: ``[n, draft_vocab_size]`` draft-vocabulary logits and ``[n, H]`` outputs to feed the
@@ -368,20 +372,20 @@ class Eagle3Head(torch.nn.Module):
         n = len(tokens)
         ids = torch.tensor([list(tokens)], dtype=torch.long)
         x = torch.cat([self.embed(ids), hidden.reshape(1, n, -1).float()], dim=-1)
-        positions = torch.arange(self.length + 1, self.length + 1 + n).unsqueeze(0)
+        past = cache.length
+        positions = torch.arange(past + 1, past + 1 + n).unsqueeze(0)
         cos_sin = self.rotary(x, positions)
-        past = self.length
         mask = torch.full((n, past + n), float("-inf")).triu(past + 1)[None, None]
         for i, layer in enumerate(self.layers):
-            x = self._first(layer, x, cos_sin, mask) if i == 0 else layer(
-                x, attention_mask=mask, position_ids=positions, past_key_values=self.cache, position_embeddings=cos_sin)
-        self.length += n
+            x = self._first(layer, x, cos_sin, mask, cache.kv) if i == 0 else layer(
+                x, attention_mask=mask, position_ids=positions, past_key_values=cache.kv, position_embeddings=cos_sin)
+        cache.length += n
         if self.spec.norm_output:
             x = self.norm(x)
             return self.lm_head(x)[0], x[0]
         return self.lm_head(self.norm(x))[0], x[0]
 
-    def _first(self, layer, x: torch.Tensor, cos_sin, mask) -> torch.Tensor:
+    def _first(self, layer, x: torch.Tensor, cos_sin, mask, kv) -> torch.Tensor:
         """The first decoder layer on ``[embed ; hidden]``: the embedding through ``input_layernorm``, the hidden
         part through ``hidden_norm`` and kept as the residual (EAGLE-3's first layer)."""
         embeds, hidden = x.split(x.shape[-1] // 2, dim=-1)
@@ -390,7 +394,7 @@ class Eagle3Head(torch.nn.Module):
         if self.spec.norm_before_residual:
             residual = hidden
         attended, _ = layer.self_attn(hidden_states=torch.cat([layer.input_layernorm(embeds), hidden], dim=-1),
-                                      position_embeddings=cos_sin, attention_mask=mask, past_key_values=self.cache)
+                                      position_embeddings=cos_sin, attention_mask=mask, past_key_values=kv)
         x = residual + attended
         return x + layer.mlp(layer.post_attention_layernorm(x))
 

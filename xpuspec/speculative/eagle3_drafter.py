@@ -35,13 +35,14 @@ class Eagle3Drafter(Drafter):
 
     def __init__(self, head: Eagle3Head, vocab_size: int):
         self.head, self.vocab_size = head, vocab_size
+        self.cache = None
         self.taps = torch.empty(0)
         self.filled = 0  # positions 0..filled-1 have taps
         self.valid = 0  # head entries 1..valid were made from accepted tokens and the target's taps
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
-        self.head.reset()
+        self.cache = self.head.new_cache()
         self.taps, self.filled, self.valid = torch.empty(0, self.head.fc.in_features), 0, 0
 
     def take_hidden(self, start: int, taps: torch.Tensor) -> None:
@@ -62,9 +63,9 @@ class Eagle3Drafter(Drafter):
         last = len(context) - 1  # entries 1..last can be made: token p beside the taps of p - 1
         if k <= 0 or self.filled < last or last < 1:
             return NO_DRAFT
-        head = self.head
-        head.rollback(head.length - self.valid)
-        logits, out = head(context[self.valid + 1:last + 1], head.project(self.taps[self.valid:last]))
+        head, cache = self.head, self.cache
+        cache.rollback(cache.length - self.valid)
+        logits, out = head(context[self.valid + 1:last + 1], head.project(self.taps[self.valid:last]), cache)
         self.valid = last
         prefix = list(context)
         tokens, probs = [], []
@@ -84,12 +85,11 @@ class Eagle3Drafter(Drafter):
             tokens.append(token)
             prefix.append(token)
             if i + 1 < k:
-                logits, out = head([token], out[-1:])
+                logits, out = head([token], out[-1:], cache)
         return Draft(tokens, torch.stack(probs) if request.sample and probs else None)
 
     def end(self) -> None:
-        self.head.reset()
-        self.taps = torch.empty(0)
+        self.cache, self.taps = None, torch.empty(0)
 
 
 def hand_hidden(drafter: Optional[Drafter], taps) -> None:
