@@ -356,26 +356,29 @@ class Eagle3Head(torch.nn.Module):
             taps = torch.cat([norm(c) for norm, c in zip(self.fc_norm, taps.chunk(len(self.fc_norm), dim=-1))], -1)
         return self.fc(taps)
 
-    @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], hidden: torch.Tensor, cache: "HeadCache") -> Tuple[torch.Tensor, torch.Tensor]:
-        """Append ``len(tokens)`` entries to ``cache``, at positions ``cache.length + 1`` on.
+    def forward(self, tokens, hidden: torch.Tensor, cache: "HeadCache", positions: Optional[torch.Tensor] = None,
+                mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Append ``len(tokens)`` entries to ``cache``, at positions ``cache.length + 1`` on. Drafting calls it
+        under ``torch.inference_mode()``; training passes ``positions`` and ``mask`` (its test-time-training steps).
 
         Args:
-            tokens: target token ids, one per entry.
+            tokens: target token ids, one per entry (a list, or a long tensor ``[n]``).
             hidden: ``[n, H]`` float32: :meth:`project`-ed taps, or the head's own outputs of the previous entries.
             cache: the request's :class:`HeadCache`.
+            positions: ``[n]`` rotary positions (default ``cache.length + 1`` on).
+            mask: ``[n, cache.length + n]`` additive attention mask (default causal).
 
         Returns:
             ``(logits, out)``: ``[n, draft_vocab_size]`` draft-vocabulary logits and ``[n, H]`` outputs to feed the
             next entries.
         """
         n = len(tokens)
-        ids = torch.tensor([list(tokens)], dtype=torch.long)
+        ids = torch.as_tensor(tokens, dtype=torch.long).reshape(1, n)
         x = torch.cat([self.embed(ids), hidden.reshape(1, n, -1).float()], dim=-1)
         past = cache.length
-        positions = torch.arange(past + 1, past + 1 + n).unsqueeze(0)
+        positions = (torch.arange(past + 1, past + 1 + n) if positions is None else positions).reshape(1, n)
         cos_sin = self.rotary(x, positions)
-        mask = torch.full((n, past + n), float("-inf")).triu(past + 1)[None, None]
+        mask = (torch.full((n, past + n), float("-inf")).triu(past + 1) if mask is None else mask)[None, None]
         for i, layer in enumerate(self.layers):
             x = self._first(layer, x, cos_sin, mask, cache.kv) if i == 0 else layer(
                 x, attention_mask=mask, position_ids=positions, past_key_values=cache.kv, position_embeddings=cos_sin)

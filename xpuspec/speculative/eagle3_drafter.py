@@ -57,6 +57,7 @@ class Eagle3Drafter(Drafter):
         if self.valid > start:  # entries made from positions this pass recomputed (a new request, a restart)
             self.valid = start
 
+    @torch.inference_mode()
     def propose(self, widths: Widths) -> Draft:
         k, request = widths.model, self.request
         context = request.context
