@@ -138,12 +138,14 @@ def _speculative(args):
 def _train_draft(args) -> int:
     from .speculative.eagle3_train import train_head
 
+    if args.continue_tokens < 0:
+        raise ValueError(f"--continue-tokens must be 0 or more, got {args.continue_tokens}.")
     for name in ("steps", "seq_len", "ttt_steps", "draft_vocab_size", "checkpoint_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     report = train_head(args.model, args.data, args.out, steps=args.steps, seq_len=args.seq_len, lr=args.lr,
                         ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab_size,
-                        checkpoint_every=args.checkpoint_every)
+                        checkpoint_every=args.checkpoint_every, continue_tokens=args.continue_tokens)
     print(f"{args.out}: {report.steps} steps, loss {report.loss:.3f}, held-out acceptance per position "
           f"{[round(a, 3) for a in report.acceptance]}")
     return 0
@@ -292,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttt-steps", type=int, default=3, help="draft positions trained (default 3)")
     p.add_argument("--draft-vocab-size", type=int, default=32000)
     p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--continue-tokens", type=int, default=128, metavar="N",
+                   help="train on each sequence's first half continued by the model itself for N tokens "
+                        "(self-distillation; 0: the text as it is; default 128)")
     p.set_defaults(run=_train_draft)
 
     from .bench.harness import add_arguments as bench_arguments, main as bench_main

@@ -14,8 +14,9 @@ from the last one: an interrupted run (Ctrl-C) continues where it stopped and en
 through. A held-out tenth of the sequences reports the acceptance per draft position (the head's greedy token equals
 the target's, given that every earlier position was accepted, teacher-forced).
 
-Not yet: generating the target's own continuations of chat prompts first (the text itself is distilled), batches of
-several sequences, and anything faster than float32 torch on the CPU.
+With ``continue_tokens`` the sequences are first continued by the target itself (greedy), which is what the head
+will see at decode time. Not yet: chat templates for chat datasets, batches of several sequences, and anything
+faster than float32 torch on the CPU.
 """
 
 import json
@@ -127,9 +128,14 @@ def _head_steps(head: Eagle3Head, tokens: torch.Tensor, taps: torch.Tensor, step
 
 def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int = 256, lr: float = 3e-4,
                ttt_steps: int = 3, draft_vocab_size: int = 32000, checkpoint_every: int = 100, seed: int = 0,
-               progress: bool = True, log=print) -> TrainReport:
+               progress: bool = True, log=print, continue_tokens: int = 0) -> TrainReport:
     """Train a head for ``model`` (a transformers folder or name :func:`xpuspec.pull` knows) on the texts of
     ``data`` and save it to ``out`` in the Speculators format (resuming from ``out``'s checkpoint if any).
+
+    ``continue_tokens`` > 0: each sequence becomes its first half followed by the target's own greedy continuation
+    of that many tokens (self-distillation on the target's outputs: a head trained on the target's own text is
+    accepted far more often, see ``tests/test_eagle3.py``); the continuations are kept in ``out`` and reused by a
+    resumed run.
 
     Raises:
         ModelSourceError: no text, or a target architecture a head cannot be built from.
@@ -148,6 +154,8 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     taps_ids = default_layer_ids(config.num_hidden_layers)
     texts = read_texts(data)
     sequences = _chunks(tokenizer, texts, seq_len)
+    if continue_tokens > 0:
+        sequences = _own_continuations(target, sequences, continue_tokens, out / "own-outputs.json", progress)
     if len(sequences) < 2:
         raise ModelSourceError(f"The training text gives {len(sequences)} sequence(s) of {seq_len} tokens; give more.")
     state_file = out / CHECKPOINT
@@ -207,6 +215,25 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     loss = sum(state["losses"]) / max(1, len(state["losses"]))
     log(f"held-out acceptance per position: {', '.join(f'{a:.3f}' for a in acceptance)}")
     return TrainReport(state["step"], loss, acceptance, resumed_from)
+
+
+@torch.no_grad()
+def _own_continuations(target, sequences: List[List[int]], tokens: int, cache: Path, progress: bool) -> List[List[int]]:
+    """Each sequence's first half and the target's greedy continuation of ``tokens`` tokens, kept in ``cache``
+    (written by rename as each finishes, so an interrupted run keeps what it generated)."""
+    from tqdm.auto import tqdm
+
+    done = json.loads(cache.read_text()) if cache.is_file() else []
+    for seq in tqdm(sequences[len(done):], desc="target's own outputs", unit="seq", disable=not progress):
+        prompt = torch.tensor([seq[:max(1, len(seq) // 2)]])
+        out = target.generate(prompt, max_new_tokens=tokens, do_sample=False,
+                              pad_token_id=target.config.eos_token_id if target.config.pad_token_id is None
+                              else target.config.pad_token_id)
+        done.append(out[0].tolist())
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(done))
+        os.replace(tmp, cache)
+    return done
 
 
 @torch.no_grad()
