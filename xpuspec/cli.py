@@ -141,6 +141,22 @@ def _speculative(args):
     return SpeculativeConfig(**{**base.__dict__, **overrides})
 
 
+def _train_draft(args) -> int:
+    from .speculative.eagle3_train import train_head
+
+    if args.continue_tokens < 0:
+        raise ValueError(f"--continue-tokens must be 0 or more, got {args.continue_tokens}.")
+    for name in ("steps", "seq_len", "ttt_steps", "draft_vocab_size", "checkpoint_every"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    report = train_head(args.model, args.data, args.out, steps=args.steps, seq_len=args.seq_len, lr=args.lr,
+                        ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab_size,
+                        checkpoint_every=args.checkpoint_every, continue_tokens=args.continue_tokens)
+    print(f"{args.out}: {report.steps} steps, loss {report.loss:.3f}, held-out acceptance per position "
+          f"{[round(a, 3) for a in report.acceptance]}")
+    return 0
+
+
 def _export(args) -> int:
     from tqdm.auto import tqdm
 
@@ -234,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--speculative", default=None, metavar="MODE",
-                   help="self | layer_skip | prompt_lookup | hybrid | suffix | suffix_hybrid | a draft model path or name (default: plain decoding)")
+                   help="self | layer_skip | prompt_lookup | hybrid | suffix | suffix_hybrid | a draft model path or name | an EAGLE-3 head folder (Speculators format) (default: plain decoding)")
     p.add_argument("--draft-low-bit", default=None, choices=FORMATS, help="draft weight format (self: int4_sym; layer_skip: the target's)")
     p.add_argument("--draft-device", default=None, help="draft device (default $XPUSPEC_DRAFT_DEVICE, else the target's)")
     p.add_argument("--num-assistant-tokens", type=int, default=None, help="initial draft length k (default 4; 10 for prompt_lookup)")
@@ -294,6 +310,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a bar chart (needs matplotlib)")
     p.set_defaults(run=_eval)
+
+    p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head for a model on your text (CPU; Speculators "
+                                           "format; resumes from --out's checkpoint)")
+    p.add_argument("model")
+    p.add_argument("--method", default="eagle3", choices=("eagle3",))
+    p.add_argument("--out", required=True, metavar="DIR", help="the head's folder (and its resumable checkpoint)")
+    p.add_argument("--data", nargs="+", required=True, metavar="PATH", help=".txt / .jsonl files or folders of them")
+    p.add_argument("--steps", type=int, default=2000, help="optimizer steps, one sequence each (default 2000)")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence (default 256)")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--ttt-steps", type=int, default=3, help="draft positions trained (default 3)")
+    p.add_argument("--draft-vocab-size", type=int, default=32000)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--continue-tokens", type=int, default=128, metavar="N",
+                   help="train on each sequence's first half continued by the model itself for N tokens "
+                        "(self-distillation; 0: the text as it is; default 128)")
+    p.set_defaults(run=_train_draft)
 
     from .bench.harness import add_arguments as bench_arguments, main as bench_main
 

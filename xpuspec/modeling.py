@@ -85,6 +85,7 @@ class XpuspecModelForCausalLM:
         self.max_batch = DEFAULT_MAX_BATCH
         self.speculative_config: Optional[SpeculativeConfig] = None
         self.draft_model: Optional["XpuspecModelForCausalLM"] = None
+        self.eagle3_head = None  # an EAGLE-3 head (speculative mode "eagle3")
         self.format_choice = None
         self.draft_memory_bytes: Optional[int] = None
         self._policies = PolicyBook(runner.traits.single_step_width)  # speculation across requests, per drafter
@@ -582,7 +583,7 @@ class AutoModelForCausalLM:
             device_name = ",".join(stage_devices)
         for name in stage_devices if low_bit is not None else ():
             low_bit.check_device(name)  # before any slow work
-        uses_draft = spec is not None and spec.uses_model
+        uses_draft = spec is not None and spec.uses_model and spec.mode != "eagle3"
         if uses_draft:  # the draft's device and backend too, before the target loads
             with _naming_the_draft(spec):
                 draft_backend_obj, draft_device_name = _draft_backend_and_device(
@@ -591,7 +592,8 @@ class AutoModelForCausalLM:
         source = resolve_source(pretrained_model_name_or_path, force=force_download)
         config = source.config  # a config transformers cannot read fails here, before a backend loads
         draft_model_source = None
-        if spec is not None and spec.draft:
+        head_taps = _check_eagle3_head(spec, config)  # a head that does not fit fails before the target loads
+        if spec is not None and spec.draft and spec.mode != "eagle3":
             with _naming_the_draft(spec):  # a missing draft fails before the target compiles, after a missing target
                 draft_model_source = resolve_source(spec.draft)
                 check_vocabularies(source, draft_model_source)
@@ -644,7 +646,9 @@ class AutoModelForCausalLM:
         if spec is not None:
             model.speculative_config = spec
             before = rss_bytes()
-            if spec.uses_model:
+            if head_taps is not None:
+                model.eagle3_head = _load_eagle3_head(spec, head_taps, source, runner)
+            elif spec.uses_model:
                 with ExitStack() as stack:
                     if spec.mode == "layer_skip":  # a calibrated folder that no draft loads from is removed again
                         draft_from = stack.enter_context(layer_skip_draft(draft_origin, spec.skip_layers))
@@ -666,7 +670,7 @@ class AutoModelForCausalLM:
             model.draft_memory_bytes = None if before is None or after is None else max(0, after - before)
             weights = model.draft_model.runner.weight_bytes if model.draft_model is not None else 0
             log.info("speculative mode %s on %s: %s of extra memory (draft weights %.1f MiB)", spec.mode,
-                     draft_device_name if spec.uses_model else device_name,
+                     draft_device_name if uses_draft else device_name,
                      "unknown" if model.draft_memory_bytes is None else f"{model.draft_memory_bytes / 2**20:.1f} MiB",
                      weights / 2**20)
         return model
@@ -693,6 +697,31 @@ class AutoModelForCausalLM:
 def _lock_of(model: XpuspecModelForCausalLM) -> threading.RLock:
     """The lock the engine holds while it computes with ``model``'s runner."""
     return model._lock
+
+
+def _check_eagle3_head(spec: Optional[SpeculativeConfig], config):
+    """The taps of ``spec``'s EAGLE-3 head, checked against the target's ``config`` (``None`` without a head).
+
+    Raises:
+        DraftMismatchError: the head's hidden size, vocabulary or taps do not fit the target.
+        ModelSourceError: no head at the path.
+    """
+    if spec is None or spec.mode != "eagle3":
+        return None
+    from .speculative.eagle3 import check_head, read_head
+
+    text = getattr(config, "text_config", None) or config
+    return check_head(read_head(spec.draft), text.hidden_size, text.vocab_size, text.num_hidden_layers)
+
+
+def _load_eagle3_head(spec: SpeculativeConfig, taps, source, runner):
+    """Load the head (its embeddings from the target's safetensors where the head has none) and make the target's
+    runner keep the tapped layers' hidden states."""
+    from .speculative.eagle3 import Eagle3Head, read_head, target_embeddings
+
+    head = Eagle3Head.load(read_head(spec.draft), taps, lambda: target_embeddings(source.path))
+    runner.set_taps(taps)
+    return head
 
 
 def _with_gguf_file(name_or_path, gguf_file: Optional[str]):

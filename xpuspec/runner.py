@@ -6,7 +6,7 @@ The decode loop talks only to this interface; it knows nothing of OpenVINO or to
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Tuple, Callable, List, Optional, Sequence
 
 import torch
 
@@ -110,6 +110,23 @@ class Runner(ABC):
         paged runner: a second compiled copy for the steps, which holds a second copy of the weights). It does
         not change any output. Returns the seconds it spent (0 when prepared already). Default: nothing."""
         return 0.0
+
+    #: After each :meth:`forward` once :meth:`set_taps` named layers: ``(start, taps)``, the position of the pass's
+    #: first token and float32 ``[k, len(layers) * hidden]``, the residual stream entering each named layer (id ``L``:
+    #: the last layer's output before the final norm) at each of its ``k`` tokens, concatenated in the order named.
+    last_taps: Optional[Tuple[int, torch.Tensor]] = None
+
+    def set_taps(self, layer_ids: Sequence[int]) -> None:
+        """Make every later :meth:`forward` also keep the hidden states of ``layer_ids`` in :attr:`last_taps`, for
+        a draft head fed by the target's verify pass (EAGLE-3).
+
+        Raises:
+            SpeculativeConfigError: a backend that cannot return hidden states.
+        """
+        from .errors import SpeculativeConfigError
+
+        raise SpeculativeConfigError(f"{type(self).__name__} cannot return the hidden states an EAGLE-3 head drafts "
+                                     "from: load the target with backend='torch' or 'openvino'.")
 
     @abstractmethod
     def rollback(self, n: int) -> None:

@@ -86,6 +86,35 @@ def _residual_into(model: ov.Model, layer: int) -> ov.Output:
     return found[0]
 
 
+#: Name of the output holding the residual stream entering layer ``i`` (:func:`add_taps`).
+TAP = "tap.{}"
+
+
+def add_taps(model: ov.Model, layer_ids: Sequence[int]) -> List[str]:
+    """Add an output for the residual stream entering each of ``layer_ids`` (1 .. L-1), the hidden states an
+    EAGLE-3 head drafts from: a Result on the tensor layer ``i - 1`` hands to layer ``i`` (the tensor the pipeline
+    split cuts at). Changes ``model`` in place; returns the new outputs' names (:data:`TAP`), in the order given.
+
+    Raises:
+        ModelSourceError: an id outside 1 .. L-1, or an IR whose names do not show the hidden states.
+    """
+    total = num_layers(model)
+    names = []
+    results = []
+    for i in layer_ids:
+        if not 1 <= i < total:
+            raise ModelSourceError(f"An OpenVINO target can tap the hidden states entering layers 1..{total - 1}, "
+                                   f"not layer {i}: use a head whose eagle_aux_hidden_state_layer_ids lie there, or "
+                                   "load the target with backend='torch'.")
+        result = opset13.result(_residual_into(model, i))
+        result.output(0).get_tensor().set_names({TAP.format(i)})
+        results.append(result)
+        names.append(TAP.format(i))
+    model.add_results(results)
+    model.validate_nodes_and_infer_types()
+    return names
+
+
 def split_stages(model: ov.Model, counts: Sequence[int]) -> List[ov.Model]:
     """Split a stateful LLM IR into pipeline stages of ``counts`` consecutive layers each.
 

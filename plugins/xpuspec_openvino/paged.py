@@ -40,7 +40,7 @@ from xpuspec.runner import Runner, RunnerTraits, on_whole_vocabulary
 
 from . import numerics
 from .genai_engine import GenAIGreedy
-from .graph import LOGITS_TO_KEEP, keep_head_rows, keep_last_logits, num_layers
+from .graph import LOGITS_TO_KEEP, add_taps, keep_head_rows, keep_last_logits, num_layers
 from .ir import MODEL_BIN, read_ir
 
 log = logging.getLogger("xpuspec")
@@ -157,6 +157,7 @@ class PagedRunner(Runner):
         self._grow(-(-capacity // self.block_size))
         self._own = PagedSequence(self)  # the sequence the batch-1 Runner methods run on
         self._genai = GenAIGreedy(self.folder, device.upper(), config, attention_backend="PA")
+        self._taps: List[str] = []  # outputs of the tapped layers' hidden states (set_taps)
         # rollback of the padding is free, and the wide copy keeps one width
         self.traits = RunnerTraits(single_step_width=self._probe_single_step(is_cpu), fixed_verify_width=True,
                                    batches=True)
@@ -173,6 +174,24 @@ class PagedRunner(Runner):
     @property
     def length(self) -> int:
         return self._own.length
+
+    @property
+    def last_taps(self):
+        return self._own.last_taps
+
+    def set_taps(self, layer_ids: Sequence[int]) -> None:
+        """Recompile with outputs for the residual stream entering ``layer_ids`` (:func:`.graph.add_taps`): every
+        pass then leaves each sequence's ``last_taps``. The KV cache is kept; a second compiled copy for the steps
+        is made again when asked for (:meth:`expect_mixed_widths`)."""
+        model = read_ir(self._core, self.folder)
+        if self.head_tokens is not None:
+            keep_head_rows(model, self.head_tokens.tolist())
+        paged_model(model)
+        names = add_taps(model, layer_ids)
+        wide = self._core.compile_model(model, self.device.upper(), self.configs[0]).create_infer_request()
+        for port in self._cache_inputs:
+            wide.set_tensor(port.any_name, self._wide.get_tensor(port.any_name))
+        self._model, self._wide, self._step, self._taps = model, wide, wide, names
 
     @property
     def compiled_copies(self) -> int:
@@ -347,7 +366,13 @@ class PagedRunner(Runner):
         }
         request = self._step if step else self._wide
         request.infer(feed, share_inputs=True)
+        taps = (np.concatenate([request.get_tensor(name).data.reshape(len(ids), -1) for name in self._taps], axis=-1)
+                if self._taps else None)
+        at = 0
         for seq, tokens in parts:
+            if taps is not None:  # the tapped hidden states of this sequence's tokens, from its first position
+                seq.last_taps = (seq._length, torch.from_numpy(np.array(taps[at:at + len(tokens)], dtype=np.float32)))
+            at += len(tokens)
             seq._length += len(tokens)
         rows = torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep, -1))
         return on_whole_vocabulary(rows, self.head_tokens, self.vocab_size)

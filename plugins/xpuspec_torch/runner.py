@@ -31,6 +31,10 @@ class TorchRunner(Runner):
         self.weight_bytes = parameter_bytes(model)
         self.num_layers = model.config.num_hidden_layers
         self.cache = DynamicCache()  # whole layers: see the module docstring
+        self.tap_ids = ()
+
+    def set_taps(self, layer_ids: Sequence[int]) -> None:
+        self.tap_ids = tuple(int(i) for i in layer_ids)
 
     @property
     def length(self) -> int:
@@ -39,7 +43,11 @@ class TorchRunner(Runner):
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=logits_to_keep or 0)
+        start = self.length
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=logits_to_keep or 0,
+                         output_hidden_states=bool(self.tap_ids))
+        if self.tap_ids:  # hidden_states[i]: the input of layer i (transformers' layout)
+            self.last_taps = (start, torch.cat([out.hidden_states[i][0] for i in self.tap_ids], dim=-1).float().cpu())
         return out.logits[0].float().cpu()
 
     def rollback(self, n: int) -> None:

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser, formats, default_format: str) -> N
     p.add_argument("--device", default=None, help="device (default $XPUSPEC_DEVICE, else auto)")
     p.add_argument("--backend", default=None, help="force a backend: openvino or torch")
     p.add_argument("--speculative", default=None, metavar="MODE",
-                   help="self | layer_skip | prompt_lookup | hybrid | suffix | suffix_hybrid | draft (with --draft) | a "
+                   help="self | layer_skip | prompt_lookup | hybrid | suffix | suffix_hybrid | draft (with --draft) | an EAGLE-3 head folder | a "
                         "draft model path or name (default: plain decoding; requests may still ask for "
                         "prompt_lookup_num_tokens)")
     p.add_argument("--suffix-cache", default="private", choices=("private", "shared"),

@@ -14,7 +14,7 @@ from ..errors import SpeculativeConfigError
 from .drafters import DEFAULT_DRAFT_CONTEXT_LENGTH, PromptLookupDrafter
 from .schedule import DEFAULT_LOOKUP_TOKENS, DraftSchedule, check_count
 
-MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "suffix", "suffix_hybrid", "draft")
+MODES = ("self", "layer_skip", "prompt_lookup", "hybrid", "suffix", "suffix_hybrid", "draft", "eagle3")
 #: Modes that draft without a model.
 FREE_MODES = ("prompt_lookup", "suffix")
 #: The mode of ``speculative=True``: the one measured fastest end to end against plain decoding on the CPUs
@@ -42,7 +42,8 @@ class SpeculativeConfig:
             lookup, no model), ``"hybrid"`` (lookup when an n-gram matches, else the draft
             model), ``"suffix"`` (SuffixDecoding: drafts from this request's text and earlier requests' outputs,
             no model; :mod:`xpuspec.speculative.suffix_drafter`), ``"suffix_hybrid"`` (suffix drafts first, else the
-            draft model) or ``"draft"`` (a separate draft model).
+            draft model), ``"draft"`` (a separate draft model) or ``"eagle3"`` (an EAGLE-3 head in the Speculators
+            format, ``draft=`` its folder, fed by the target's hidden states; :mod:`xpuspec.speculative.eagle3`).
         draft: draft model path or name for ``"draft"`` (and optionally ``"hybrid"`` and ``"suffix_hybrid"``).
         draft_low_bit: weight format of the draft (default ``int4_sym`` for self-speculation, the
             target's format for layer-skip).
@@ -116,6 +117,15 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"Unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}.")
         if self.mode == "draft" and not self.draft:
             raise SpeculativeConfigError("mode='draft' needs draft= (a draft model path or name).")
+        if self.mode == "eagle3":
+            if not self.draft:
+                raise SpeculativeConfigError("mode='eagle3' needs draft= (the folder of an EAGLE-3 head in the "
+                                             "Speculators format).")
+            given = [n for n in ("draft_low_bit", "draft_device", "draft_vocab_size", "draft_context_length")
+                     if getattr(self, n)]
+            if given or self.overlap:
+                raise SpeculativeConfigError(f"mode='eagle3' drafts with a head on the CPU in torch, with its own draft "
+                                             f"vocabulary: drop {'=, '.join(given or ['overlap'])}=.")
         for name in ("num_assistant_tokens", "prompt_lookup_num_tokens", "min_matching_ngram_size"):
             if getattr(self, name) is not None:  # ints, NumPy's too, kept as Python ints
                 object.__setattr__(self, name, check_count(name, getattr(self, name)))
@@ -218,11 +228,14 @@ def resolve_speculative(speculative, **overrides) -> Optional[SpeculativeConfig]
         return replace(speculative, **overrides)
     if speculative is True:
         return SpeculativeConfig(mode=DEFAULT_MODE, **overrides)
-    if isinstance(speculative, str) and speculative in MODES and speculative != "draft":
+    if isinstance(speculative, str) and speculative in MODES and speculative not in ("draft", "eagle3"):
         return SpeculativeConfig(mode=speculative, **overrides)
     if isinstance(speculative, (str, os.PathLike)):
         _refuse_mode_typo(str(speculative))
-        return SpeculativeConfig(mode="draft", draft=str(speculative), **overrides)
+        from .eagle3 import is_eagle3_head
+
+        mode = "eagle3" if is_eagle3_head(os.path.expanduser(str(speculative))) else "draft"
+        return SpeculativeConfig(mode=mode, draft=str(speculative), **overrides)
     raise SpeculativeConfigError(f"speculative= takes True ({DEFAULT_MODE!r}), 'self', 'layer_skip', 'prompt_lookup', 'hybrid', a draft "
                                  f"path or a SpeculativeConfig, not {speculative!r}.")
 
@@ -232,6 +245,9 @@ def _refuse_mode_typo(name: str) -> None:
     spelled = name.lower().replace("-", "_").replace(" ", "_")
     if spelled not in MODES or os.path.isdir(os.path.expanduser(name)):
         return
+    if spelled == "eagle3":
+        raise SpeculativeConfigError(f"speculative={name!r}: an EAGLE-3 head drafts when speculative= names its folder "
+                                     "(speculative='path/to/head'), or with SpeculativeConfig(mode='eagle3', draft=...).")
     if spelled == "draft":
         raise SpeculativeConfigError(f"speculative={name!r}: a draft model drafts when speculative= names it (its path "
                                      "or built-in name), or with SpeculativeConfig(mode='draft', draft=...).")

@@ -120,7 +120,7 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
         lookup_tokens=_first(prompt_lookup_num_tokens, base.prompt_lookup_num_tokens, DEFAULT_LOOKUP_TOKENS),
     )
     if draft is None:
-        return Plan(drafter, schedule, kind)
+        return Plan(drafter, schedule, kind, name="EAGLE-3 head" if kind == "eagle3" else "prompt lookup")
     return Plan(drafter, schedule, kind, draft.runner, f"draft model {draft.name_or_path}")
 
 
@@ -160,6 +160,10 @@ def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
         return None
     if mode == "hybrid":
         return hybrid(target.draft_model)
+    if mode == "eagle3":
+        from .eagle3_drafter import Eagle3Drafter
+
+        return Eagle3Drafter(target.eagle3_head, target.runner.vocab_size), mode, None
     return _model_drafter(target, target.draft_model, spec), mode, target.draft_model
 
 

@@ -1,0 +1,99 @@
+"""The EAGLE-3 drafter: a chain of tokens from a draft head fed by the target's own hidden states.
+
+The target's passes keep the residual stream of the head's tapped layers (:meth:`xpuspec.runner.Runner.set_taps`);
+the decode loop hands each pass's taps to the drafter (:meth:`Eagle3Drafter.take_hidden`, the one call a drafter
+that declares ``needs = {"hidden_states"}`` gets), keyed by position: a later pass over a position (the accepted
+token after a rejected draft) overwrites what an earlier pass left there, so the taps of every position before the
+context's last token are those of the accepted tokens. No second pass of the target.
+
+Each :meth:`Eagle3Drafter.propose` rolls the head's cache back to the entries made from accepted tokens, adds the
+entries of the tokens accepted since (token ``p`` with the taps of position ``p - 1``), and drafts a chain: each
+drafted token is fed back with the head's own output (:mod:`xpuspec.speculative.eagle3`; vLLM's and llama.cpp's
+chain drafting). The target verifies every draft, so greedy output is the target's own.
+"""
+
+from typing import Optional
+
+import torch
+
+from .drafters import NO_DRAFT, Draft, Drafter, DraftRequest, argmax_rows
+from .eagle3 import Eagle3Head
+from .policy import Widths
+
+
+class Eagle3Drafter(Drafter):
+    """Drafts with an :class:`~xpuspec.speculative.eagle3.Eagle3Head` (see the module docstring).
+
+    Args:
+        head: the loaded head (its cache is this drafter's while a request runs).
+        vocab_size: the target's logit rows, which draft distributions are laid out on.
+    """
+
+    uses_model = True
+    #: The target outputs besides logits this drafter is handed after each target pass.
+    needs = frozenset({"hidden_states"})
+
+    def __init__(self, head: Eagle3Head, vocab_size: int):
+        self.head, self.vocab_size = head, vocab_size
+        self.cache = None
+        self.taps = torch.empty(0)
+        self.filled = 0  # positions 0..filled-1 have taps
+        self.valid = 0  # head entries 1..valid were made from accepted tokens and the target's taps
+
+    def begin(self, request: DraftRequest) -> None:
+        super().begin(request)
+        self.cache = self.head.new_cache()
+        self.taps, self.filled, self.valid = torch.empty(0, self.head.fc.in_features), 0, 0
+
+    def take_hidden(self, start: int, taps: torch.Tensor) -> None:
+        """The taps of a target pass over positions ``start .. start + len(taps) - 1`` (``[n, taps * hidden]``)."""
+        end = start + taps.shape[0]
+        if end > self.taps.shape[0]:
+            grown = torch.empty(max(end, 2 * self.taps.shape[0]), self.taps.shape[1])
+            grown[:self.taps.shape[0]] = self.taps
+            self.taps = grown
+        self.taps[start:end] = taps
+        self.filled = end  # a pass past a rollback: what lies beyond it is stale
+        if self.valid > start:  # entries made from positions this pass recomputed (a new request, a restart)
+            self.valid = start
+
+    @torch.inference_mode()
+    def propose(self, widths: Widths) -> Draft:
+        k, request = widths.model, self.request
+        context = request.context
+        last = len(context) - 1  # entries 1..last can be made: token p beside the taps of p - 1
+        if k <= 0 or self.filled < last or last < 1:
+            return NO_DRAFT
+        head, cache = self.head, self.cache
+        cache.rollback(cache.length - self.valid)
+        logits, out = head(context[self.valid + 1:last + 1], head.project(self.taps[self.valid:last]), cache)
+        self.valid = last
+        prefix = list(context)
+        tokens, probs = [], []
+        need_probs = request.sample or request.threshold > 0
+        for i in range(k):
+            scored = request.score(prefix, head.to_target(logits[-1:], self.vocab_size))
+            if need_probs:
+                if not bool(torch.isfinite(scored).any()):
+                    break
+                p = torch.softmax(scored, dim=-1)[0]
+                token = int(torch.multinomial(p, 1)) if request.sample else argmax_rows(p)[0]
+                if request.threshold > 0 and tokens and float(p.max()) < request.threshold:
+                    break
+                probs.append(p)
+            else:
+                token = argmax_rows(scored)[0]
+            tokens.append(token)
+            prefix.append(token)
+            if i + 1 < k:
+                logits, out = head([token], out[-1:], cache)
+        return Draft(tokens, torch.stack(probs) if request.sample and probs else None)
+
+    def end(self) -> None:
+        self.cache, self.taps = None, torch.empty(0)
+
+
+def hand_hidden(drafter: Optional[Drafter], taps) -> None:
+    """Give ``drafter`` a target pass's ``(start, taps)`` where it declares it needs hidden states."""
+    if drafter is not None and taps is not None and "hidden_states" in getattr(drafter, "needs", ()):
+        drafter.take_hidden(*taps)

@@ -1,0 +1,306 @@
+"""Train an EAGLE-3 head for a target on the CPU, and save it in the Speculators format (``xpuspec train-draft``).
+
+The training follows the ``speculators`` package's EAGLE-3 recipe (``models/eagle3/core.py``): the target (a
+transformers model, float32) reads the user's text once per sequence and gives the taps and its own next-token
+distribution (self-distillation: the head learns the target's distribution, restricted to the draft vocabulary, with
+a soft cross-entropy); the head runs ``ttt_steps`` test-time-training steps, step ``k`` fed the true next tokens and
+its own outputs of step ``k - 1``, each query attending the step-0 entries up to itself and its own entries of the
+earlier steps. Sequence index ``t`` holds token ``x[t+1]`` beside the target's taps at ``t`` (``shift_batch``).
+
+The draft vocabulary is the ``draft_vocab_size`` tokens the target predicts most often on the training text (ties by
+id; speculators counts the data's tokens). Checkpoints (head, optimizer, step, random state, data order) are written
+every ``checkpoint_every`` steps to a temporary file then renamed, and a run given the same ``out`` folder resumes
+from the last one: an interrupted run (Ctrl-C) continues where it stopped and ends with the same weights as one run
+through. A held-out tenth of the sequences reports the acceptance per draft position (the head's greedy token equals
+the target's, given that every earlier position was accepted, teacher-forced).
+
+With ``continue_tokens`` the sequences are first continued by the target itself (greedy), which is what the head
+will see at decode time. Not yet: chat templates for chat datasets, batches of several sequences, and anything
+faster than float32 torch on the CPU.
+"""
+
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+import torch
+
+from ..errors import ModelSourceError
+from .eagle3 import Eagle3Head, check_head, default_layer_ids, new_head, read_head
+
+CHECKPOINT = "train-state.pt"
+#: What a .jsonl line's text is read from, tried in order.
+JSONL_FIELDS = ("text", "content", "prompt", "completion", "response")
+
+
+@dataclass
+class TrainReport:
+    """What a training run reached.
+
+    Attributes:
+        steps: optimizer steps done (those of earlier, resumed runs included).
+        loss: the mean loss of the last 20 steps.
+        acceptance: per draft position, the held-out acceptance rate (``[ttt_steps]``).
+        resumed_from: the step a resumed run started at (0: a new run).
+    """
+
+    steps: int
+    loss: float
+    acceptance: List[float] = field(default_factory=list)
+    resumed_from: int = 0
+
+
+def read_texts(paths: Sequence) -> List[str]:
+    """The texts of ``.txt`` files (one text each), ``.jsonl`` files (one per line: its ``text`` / ``content`` /
+    ``prompt`` + ``completion`` fields, or a chat's ``messages`` contents) and folders of them.
+
+    Raises:
+        ModelSourceError: a path that does not exist, or no text at all.
+    """
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ModelSourceError(f"No training text at {path}: give .txt or .jsonl files, or folders of them.")
+    texts = []
+    for file in files:
+        if file.suffix == ".jsonl":
+            for n, line in enumerate(file.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise ModelSourceError(f"{file}:{n} is not JSON ({exc}).") from exc
+                if isinstance(row, dict) and isinstance(row.get("messages"), list):
+                    texts.append("\n".join(str(m.get("content", "")) for m in row["messages"] if isinstance(m, dict)))
+                elif isinstance(row, dict):
+                    texts.append("\n".join(str(row[k]) for k in JSONL_FIELDS if isinstance(row.get(k), str)))
+        else:
+            texts.append(file.read_text(errors="replace"))
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise ModelSourceError(f"No text in {', '.join(map(str, paths))}.")
+    return texts
+
+
+def _chunks(tokenizer, texts: Iterable[str], length: int) -> List[List[int]]:
+    """The texts' tokens cut into sequences of ``length`` tokens (the last piece of each text kept if >= 8)."""
+    out = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        out += [ids[i:i + length] for i in range(0, len(ids), length) if len(ids[i:i + length]) >= 8]
+    return out
+
+
+def _ttt_mask(n: int, step: int) -> torch.Tensor:
+    """The additive mask of test-time-training step ``step`` over entries ``[steps 0..step] x n``: query ``t``
+    sees step-0 entries ``<= t`` and its own entry of each later step."""
+    allowed = torch.zeros(n, (step + 1) * n, dtype=torch.bool)
+    allowed[:, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+    eye = torch.eye(n, dtype=torch.bool)
+    for k in range(1, step + 1):
+        allowed[:, k * n:(k + 1) * n] = eye
+    mask = torch.zeros(allowed.shape)
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+def _head_steps(head: Eagle3Head, tokens: torch.Tensor, taps: torch.Tensor, steps: int) -> List[torch.Tensor]:
+    """Draft logits of each test-time-training step over a sequence: ``tokens`` ``[m]`` (the sequence), ``taps``
+    ``[m, 3H]``; index ``t`` of step ``k`` predicts the token at ``t + k + 2``."""
+    n = tokens.shape[0] - 1
+    cache = head.new_cache()
+    hidden = head.project(taps[:n])
+    out = []
+    for k in range(steps):
+        ids = torch.cat([tokens[1 + k:], tokens.new_zeros(k)])[:n]  # teacher-forced, padded past the end
+        positions = torch.arange(1 + k, n + 1 + k)
+        logits, hidden = head(ids, hidden, cache, positions=positions, mask=_ttt_mask(n, k))
+        out.append(logits)
+    return out
+
+
+def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int = 256, lr: float = 3e-4,
+               ttt_steps: int = 3, draft_vocab_size: int = 32000, checkpoint_every: int = 100, seed: int = 0,
+               progress: bool = True, log=print, continue_tokens: int = 0) -> TrainReport:
+    """Train a head for ``model`` (a transformers folder or name :func:`xpuspec.pull` knows) on the texts of
+    ``data`` and save it to ``out`` in the Speculators format (resuming from ``out``'s checkpoint if any).
+
+    ``continue_tokens`` > 0: each sequence becomes its first half followed by the target's own greedy continuation
+    of that many tokens (self-distillation on the target's outputs: a head trained on the target's own text is
+    accepted far more often, see ``tests/test_eagle3.py``); the continuations are kept in ``out`` and reused by a
+    resumed run.
+
+    Raises:
+        ModelSourceError: no text, or a target architecture a head cannot be built from.
+    """
+    import transformers
+    from tqdm.auto import tqdm
+
+    from ..sources import resolve_source
+
+    out = Path(str(out))
+    out.mkdir(parents=True, exist_ok=True)
+    source = resolve_source(model)
+    config = transformers.AutoConfig.from_pretrained(source.path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.path)
+    target = transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32).eval()
+    taps_ids = default_layer_ids(config.num_hidden_layers)
+    texts = read_texts(data)
+    sequences = _chunks(tokenizer, texts, seq_len)
+    if continue_tokens > 0:
+        sequences = _own_continuations(target, sequences, continue_tokens, out / "own-outputs.json", progress)
+    if len(sequences) < 2:
+        raise ModelSourceError(f"The training text gives {len(sequences)} sequence(s) of {seq_len} tokens; give more.")
+    state_file = out / CHECKPOINT
+    state = torch.load(state_file, weights_only=False) if state_file.is_file() else None
+    if state is None:
+        rng = random.Random(seed)
+        order = list(range(len(sequences)))
+        rng.shuffle(order)
+        held = max(1, len(order) // 10)
+        draft_ids = _frequent_predictions(target, [sequences[i] for i in order[held:]][:64], draft_vocab_size)
+        head_dir = new_head(config, out / "init", draft_ids=draft_ids, layer_ids=taps_ids,
+                            speculative_tokens=ttt_steps, verifier=str(model), seed=seed,
+                            embeddings=target.get_input_embeddings().weight.detach(), force=True)
+        state = {"step": 0, "order": order, "held": held, "draft_ids": draft_ids, "head": None, "optim": None,
+                 "torch_rng": None, "losses": []}
+    else:
+        head_dir = out / "init"
+        log(f"resuming from step {state['step']} ({state_file})")
+    spec = read_head(head_dir)
+    head = Eagle3Head.load(spec, check_head(spec, config.hidden_size, config.vocab_size, config.num_hidden_layers))
+    head.embed.weight.requires_grad_(False)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=lr)
+    if state["head"] is not None:
+        head.load_state_dict(state["head"])
+        optim.load_state_dict(state["optim"])
+        torch.set_rng_state(state["torch_rng"])
+    else:
+        torch.manual_seed(seed)
+    resumed_from = state["step"]
+    draft_ids = torch.tensor(state["draft_ids"])
+    train = state["order"][state["held"]:]
+    head.train()
+    bar = tqdm(total=steps, initial=state["step"], desc="train-draft eagle3", unit="step", disable=not progress)
+    while state["step"] < steps:
+        seq = torch.tensor(sequences[train[state["step"] % len(train)]])
+        taps, teacher = _target_pass(target, seq, taps_ids, draft_ids)
+        loss = _loss(_head_steps(head, seq, taps, ttt_steps), teacher)
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optim.step()
+        state["step"] += 1
+        state["losses"] = (state["losses"] + [float(loss.detach())])[-20:]
+        bar.update(1)
+        bar.set_postfix(loss=f"{sum(state['losses']) / len(state['losses']):.3f}")
+        if state["step"] % checkpoint_every == 0 or state["step"] == steps:
+            state.update(head=head.state_dict(), optim=optim.state_dict(), torch_rng=torch.get_rng_state())
+            tmp = state_file.with_suffix(".tmp")
+            torch.save(state, tmp)
+            os.replace(tmp, state_file)
+    bar.close()
+    head.eval()
+    acceptance = evaluate(head, target, [torch.tensor(sequences[i]) for i in state["order"][:state["held"]]],
+                          taps_ids, draft_ids, ttt_steps)
+    _save(head, head_dir, out)
+    loss = sum(state["losses"]) / max(1, len(state["losses"]))
+    log(f"held-out acceptance per position: {', '.join(f'{a:.3f}' for a in acceptance)}")
+    return TrainReport(state["step"], loss, acceptance, resumed_from)
+
+
+@torch.no_grad()
+def _own_continuations(target, sequences: List[List[int]], tokens: int, cache: Path, progress: bool) -> List[List[int]]:
+    """Each sequence's first half and the target's greedy continuation of ``tokens`` tokens, kept in ``cache``
+    (written by rename as each finishes, so an interrupted run keeps what it generated)."""
+    from tqdm.auto import tqdm
+
+    done = json.loads(cache.read_text()) if cache.is_file() else []
+    for seq in tqdm(sequences[len(done):], desc="target's own outputs", unit="seq", disable=not progress):
+        prompt = torch.tensor([seq[:max(1, len(seq) // 2)]])
+        out = target.generate(prompt, max_new_tokens=tokens, do_sample=False,
+                              pad_token_id=target.config.eos_token_id if target.config.pad_token_id is None
+                              else target.config.pad_token_id)
+        done.append(out[0].tolist())
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(done))
+        os.replace(tmp, cache)
+    return done
+
+
+@torch.no_grad()
+def _frequent_predictions(target, sequences, size: int) -> List[int]:
+    """The ``size`` token ids the target predicts most often (greedy) on ``sequences``, then the lowest ids."""
+    vocab = target.config.vocab_size
+    if size >= vocab:
+        return list(range(vocab))
+    counts = torch.zeros(vocab)
+    for seq in sequences:
+        counts += torch.bincount(target(torch.tensor([seq])).logits[0].argmax(-1), minlength=vocab)[:vocab].float()
+    order = sorted(range(vocab), key=lambda i: (-float(counts[i]), i))
+    return sorted(order[:size])
+
+
+@torch.no_grad()
+def _target_pass(target, seq: torch.Tensor, taps_ids, draft_ids: torch.Tensor):
+    """The target's taps ``[m, 3H]`` and its next-token distributions on the draft vocabulary ``[m, V_d]``."""
+    out = target(seq[None], output_hidden_states=True)
+    taps = torch.cat([out.hidden_states[i][0] for i in taps_ids], dim=-1)
+    return taps, torch.softmax(out.logits[0][:, draft_ids], dim=-1)
+
+
+def _loss(step_logits: List[torch.Tensor], teacher: torch.Tensor) -> torch.Tensor:
+    """Soft cross-entropy of each step against the target's distribution it predicts (index ``t`` of step ``k``:
+    the target's distribution at position ``t + k + 1``), summed over steps."""
+    total = 0.0
+    n = step_logits[0].shape[0]
+    for k, logits in enumerate(step_logits):
+        keep = n - k
+        target = teacher[1 + k:1 + k + keep]
+        total = total + -(target * torch.log_softmax(logits[:keep], dim=-1)).sum(-1).mean()
+    return total
+
+
+@torch.no_grad()
+def evaluate(head: Eagle3Head, target, sequences, taps_ids, draft_ids: torch.Tensor, steps: int) -> List[float]:
+    """Held-out acceptance per draft position: the fraction of positions where the head's greedy token (mapped to
+    target ids) equals the target's greedy token at this step and at every earlier one (teacher-forced)."""
+    hits, seen = [0.0] * steps, [0.0] * steps
+    for seq in sequences:
+        taps, _ = _target_pass(target, seq, taps_ids, draft_ids)
+        want = target(seq[None]).logits[0].argmax(-1)
+        alive = None
+        for k, logits in enumerate(_head_steps(head, seq, taps, steps)):
+            keep = logits.shape[0] - k
+            got = (logits[:keep].argmax(-1) + head.d2t[logits[:keep].argmax(-1)])
+            ok = got == want[1 + k:1 + k + keep]
+            alive = ok if alive is None else alive[:keep] & ok
+            hits[k] += float(alive.sum())
+            seen[k] += keep
+    return [h / s if s else 0.0 for h, s in zip(hits, seen)]
+
+
+def _save(head: Eagle3Head, init: Path, out: Path) -> None:
+    """Write the trained weights beside ``init``'s config.json into ``out`` (model.safetensors via a temp name)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(init / "model.safetensors"))
+    state = head.state_dict()
+    for name in list(weights):
+        mine = "embed.weight" if name == "embed_tokens.weight" else name
+        if mine in state and name not in ("d2t", "t2d"):
+            weights[name] = state[mine].detach().contiguous()
+    tmp = out / "model.safetensors.tmp"
+    save_file(weights, str(tmp), metadata={"format": "pt"})
+    shutil.copyfile(init / "config.json", out / "config.json")
+    os.replace(tmp, out / "model.safetensors")
