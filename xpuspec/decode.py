@@ -34,7 +34,6 @@ from .generation import GenerationStats, StopStrings, eos_ids, max_new_tokens, m
 from .runner import Runner
 from .scoring import Scorer, scorer_for
 from .speculative.drafters import NO_DRAFT, Draft, Drafter, DraftRequest, PromptLookupDrafter
-from .speculative.eagle3_drafter import hand_hidden
 from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome, Widths
 from .speculative.profile import TargetCosts
 from .speculative.verify import accept_prefix, greedy_accept, rejection_sample
@@ -144,7 +143,8 @@ def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gue
     """Judge ``draft`` by the target's ``rows`` (``[len(draft.tokens) + 1, vocab]``), roll back the rejected
     drafts, emit the kept tokens and the target's own, and count them; returns the drafts accepted. A drafter that
     needs the target's hidden states gets those of the pass first."""
-    hand_hidden(req.drafter, getattr(target, "last_taps", None))
+    if req.drafter is not None and "hidden_states" in req.drafter.needs and target.last_taps is not None:
+        req.drafter.observe({"hidden_states": target.last_taps})
     scored = None  # processed scores, built only where sampling or output_scores needs them
     raw = rows
     if req.grammar is not None:  # every verified position masked by the grammar's state there

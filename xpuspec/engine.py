@@ -89,6 +89,10 @@ class OneSequence(Runner):
     def length(self) -> int:
         return self.runner.length
 
+    @property
+    def last_taps(self):
+        return self.runner.last_taps
+
     def open_sequence(self) -> "OneSequence":
         self.runner.reset()
         return self
@@ -441,16 +445,8 @@ class Engine:
 
     def _verify(self, jobs, parts):
         """ONE pass of the target over every row's part (a lone row through its sequence's own ``forward``, which
-        picks the compiled copy of its width); per row ``[len(part), vocab]`` float32. Drafters that declare
-        ``needs`` (outputs of the target besides logits, e.g. ``{"hidden_states"}``) get them per row through
-        :meth:`Drafter.observe`, from a ``forward_batch(parts, outputs=needs)`` that returns ``(rows, extras)``."""
-        needs = frozenset().union(*(j.req.drafter.needs for j in jobs if j.req.drafter is not None))
-        if needs:
-            rows, extras = self.rows.forward_batch(parts, outputs=needs)
-            for job, extra in zip(jobs, extras):
-                if job.req.drafter is not None and job.req.drafter.needs:
-                    job.req.drafter.observe(extra)
-            return rows
+        picks the compiled copy of its width); per row ``[len(part), vocab]`` float32. A row's sequence keeps the
+        outputs its drafter ``needs`` besides logits (``last_taps``), which ``verify_and_emit`` hands over."""
         if len(parts) == 1:
             return [parts[0][0].forward(parts[0][1])]
         return self.rows.forward_batch(parts)

@@ -70,9 +70,9 @@ class Drafter(ABC):
     #: Some of its rounds run a draft model (the policy judges whether they pay).
     uses_model: bool = False
 
-    #: Outputs of the target's verify pass it needs besides logits (e.g. ``frozenset({"hidden_states"})`` for a
-    #: trained draft head): the engine asks ``forward_batch(parts, outputs=needs)`` for them and hands each row's to
-    #: :meth:`observe`. Empty: logits only.
+    #: Outputs of the target's passes it needs besides logits (``frozenset({"hidden_states"})`` for a trained draft
+    #: head): after every pass of the target over this row (prefill and verify), :func:`xpuspec.decode.verify_and_emit`
+    #: hands them to :meth:`observe`. Empty: logits only.
     needs: frozenset = frozenset()
 
     def begin(self, request: DraftRequest) -> None:
@@ -101,7 +101,9 @@ class Drafter(ABC):
         return self
 
     def observe(self, outputs: dict) -> None:
-        """The target's verify-pass outputs of this row named in :attr:`needs` (called before acceptance)."""
+        """The outputs named in :attr:`needs` of the target's last pass over this row, before acceptance:
+        ``outputs["hidden_states"]`` is ``(start, taps)``, the pass's first position and its tapped layers' hidden
+        states ``[n, taps * hidden]`` float32 (:attr:`xpuspec.runner.Runner.last_taps`)."""
 
     def runners(self) -> List[Runner]:
         """The model runners it computes with."""

@@ -1,8 +1,8 @@
 """The EAGLE-3 drafter: a chain of tokens from a draft head fed by the target's own hidden states.
 
 The target's passes keep the residual stream of the head's tapped layers (:meth:`xpuspec.runner.Runner.set_taps`);
-the decode loop hands each pass's taps to the drafter (:meth:`Eagle3Drafter.take_hidden`, the one call a drafter
-that declares ``needs = {"hidden_states"}`` gets), keyed by position: a later pass over a position (the accepted
+each pass's taps reach the drafter through :meth:`Eagle3Drafter.observe` (the one call a drafter that declares
+``needs = {"hidden_states"}`` gets), keyed by position: a later pass over a position (the accepted
 token after a rejected draft) overwrites what an earlier pass left there, so the taps of every position before the
 context's last token are those of the accepted tokens. No second pass of the target.
 
@@ -11,8 +11,6 @@ entries of the tokens accepted since (token ``p`` with the taps of position ``p 
 drafted token is fed back with the head's own output (:mod:`xpuspec.speculative.eagle3`; vLLM's and llama.cpp's
 chain drafting). The target verifies every draft, so greedy output is the target's own.
 """
-
-from typing import Optional
 
 import torch
 
@@ -44,6 +42,9 @@ class Eagle3Drafter(Drafter):
         super().begin(request)
         self.cache = self.head.new_cache()
         self.taps, self.filled, self.valid = torch.empty(0, self.head.fc.in_features), 0, 0
+
+    def observe(self, outputs: dict) -> None:
+        self.take_hidden(*outputs["hidden_states"])
 
     def take_hidden(self, start: int, taps: torch.Tensor) -> None:
         """The taps of a target pass over positions ``start .. start + len(taps) - 1`` (``[n, taps * hidden]``)."""
@@ -92,8 +93,3 @@ class Eagle3Drafter(Drafter):
     def end(self) -> None:
         self.cache, self.taps = None, torch.empty(0)
 
-
-def hand_hidden(drafter: Optional[Drafter], taps) -> None:
-    """Give ``drafter`` a target pass's ``(start, taps)`` where it declares it needs hidden states."""
-    if drafter is not None and taps is not None and "hidden_states" in getattr(drafter, "needs", ()):
-        drafter.take_hidden(*taps)
