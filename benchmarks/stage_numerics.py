@@ -11,11 +11,11 @@ Settings, each loaded whole (``cpu``) and split over two CPU devices (``cpu,cpux
 - ``stateful stages, no dynamic quantization`` (the stages before issue 42; split only): the stateful SDPA model.
 
 Each round times every setting once (greedy, ``--new`` tokens on each prompt, the order rotating by round), and
-prints median tokens/s (min-max) with ``/proc/loadavg``; then sliding-window perplexity on the evaluation corpus
-(:mod:`xpuspec.perplexity`); how far passes of 1, 2 and 8 tokens part through each split (:func:`.numerics.probe`,
-also for the stateful stages with dynamic quantization on); and per prompt the first new token where the greedy text parts from its own
-whole model's (the stateful stages: against the paged whole model without dynamic quantization), and from the
-default whole model's.
+prints median tokens/s (min-max) with ``/proc/loadavg``, and per prompt the first new token where the greedy text
+parts from its own whole model's (the stateful stages: against the paged whole model without dynamic quantization)
+and from the default whole model's; then sliding-window perplexity on the evaluation corpus
+(:mod:`xpuspec.perplexity`); then how far passes of 1, 2 and 8 tokens part through each split
+(``xpuspec_openvino.numerics.probe``), also through the stateful stages with dynamic quantization on.
 """
 
 import argparse
