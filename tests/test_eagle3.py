@@ -27,8 +27,10 @@ def _speculators():
     speculators 0.9.0 installs with ``pip install --no-deps speculators==0.9.0`` (its dependencies pin transformers
     and pull torchvision). Its EAGLE-3 modules import, through ``speculators.train.data``, two packages that only its
     training-data path uses: ``datasets`` (whose dependencies would move huggingface_hub) and ``hs_connectors``. Where
-    they are absent, those names are stood in for by empty modules: the model code under test uses neither.
+    they are absent, those names are stood in for by empty modules while speculators imports (then removed):
+    the model code under test uses neither.
     """
+    stubs = []
     for name in ("datasets", "hs_connectors"):
         try:
             __import__(name)
@@ -38,6 +40,7 @@ def _speculators():
                          "HiddenStatesTransfer", "HiddenStatesBackend"):
                 setattr(stub, attr, type(attr, (), {}))
             sys.modules[name] = stub
+            stubs.append(name)
     try:
         from speculators import SpeculatorsConfig, VerifierConfig
         from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
@@ -45,6 +48,9 @@ def _speculators():
         from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
     except ImportError as exc:
         pytest.skip(f"speculators 0.9.0 is not importable ({exc}); pip install --no-deps speculators==0.9.0")
+    finally:  # the stand-ins leave again: other code asks importlib whether these packages exist
+        for name in stubs:
+            sys.modules.pop(name, None)
     return (SpeculatorsConfig, VerifierConfig, Eagle3DraftModel, Eagle3SpeculatorConfig, GreedyTokenProposalConfig,
             build_vocab_mappings_from_distribution)
 
