@@ -208,8 +208,8 @@ def atomic_folder(final: Path, overwrite: bool = False):
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    tmp.chmod(0o755)
-    try:
+    try:  # at once: a Ctrl-C that lands during chmod must not leave the folder behind
+        tmp.chmod(0o755)
         with _interrupts_recorded() as interrupted:
             yield tmp
             if interrupted():
