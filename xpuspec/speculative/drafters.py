@@ -116,6 +116,23 @@ class Drafter(ABC):
         return None
 
 
+def choose_token(request: DraftRequest, scored: torch.Tensor, drafted: int):
+    """The next token of a model's draft chain from its processed scores ``scored`` (``[1, vocab]`` float32):
+    ``(token, p)``, sampled where the request samples, else the argmax, with ``p`` its distribution ``[vocab]``
+    where sampling or the confidence stop needs it (else ``None``); ``None`` where the chain stops before this
+    token (every token masked, e.g. a cut head; or, after ``drafted`` >= 1 tokens, a top probability under the
+    request's confidence threshold: transformers' ``assistant_confidence_threshold``)."""
+    if not (request.sample or request.threshold > 0):
+        return argmax_rows(scored)[0], None
+    if not bool(torch.isfinite(scored).any()):
+        return None
+    p = torch.softmax(scored, dim=-1)[0]
+    token = int(torch.multinomial(p, 1)) if request.sample else argmax_rows(p)[0]
+    if request.threshold > 0 and drafted and float(p.max()) < request.threshold:
+        return None
+    return token, p
+
+
 class PromptLookupDrafter(Drafter):
     """n-gram prompt lookup (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
 
@@ -236,19 +253,13 @@ class ModelDrafter(Drafter):
         prefix = list(request.context)
         logits = self._sync(prefix)
         tokens, probs, free = [], [], 0
-        need_probs = request.sample or request.threshold > 0
         for i in range(k):
-            scored = request.score(prefix, self._fit(logits))
-            if need_probs:
-                if not bool(torch.isfinite(scored).any()):  # every token the draft scores is masked (a cut head)
-                    break
-                p = torch.softmax(scored, dim=-1)[0]
-                token = int(torch.multinomial(p, 1)) if request.sample else argmax_rows(p)[0]
-                if request.threshold > 0 and tokens and float(p.max()) < request.threshold:
-                    break
+            picked = choose_token(request, request.score(prefix, self._fit(logits)), len(tokens))
+            if picked is None:
+                break
+            token, p = picked
+            if p is not None:
                 probs.append(p)
-            else:
-                token = argmax_rows(scored)[0]
             tokens.append(token)
             prefix.append(token)
             found = self.extension.lookup(prefix, k - len(tokens)) if self.extension is not None and i + 1 < k else []

@@ -14,7 +14,7 @@ chain drafting). The target verifies every draft, so greedy output is the target
 
 import torch
 
-from .drafters import NO_DRAFT, Draft, Drafter, DraftRequest, argmax_rows
+from .drafters import NO_DRAFT, Draft, Drafter, DraftRequest, choose_token
 from .eagle3 import Eagle3Head
 from .policy import Widths
 
@@ -71,19 +71,14 @@ class Eagle3Drafter(Drafter):
         self.valid = last
         prefix = list(context)
         tokens, probs = [], []
-        need_probs = request.sample or request.threshold > 0
         for i in range(k):
-            scored = request.score(prefix, head.to_target(logits[-1:], self.vocab_size))
-            if need_probs:
-                if not bool(torch.isfinite(scored).any()):
-                    break
-                p = torch.softmax(scored, dim=-1)[0]
-                token = int(torch.multinomial(p, 1)) if request.sample else argmax_rows(p)[0]
-                if request.threshold > 0 and tokens and float(p.max()) < request.threshold:
-                    break
+            picked = choose_token(request, request.score(prefix, head.to_target(logits[-1:], self.vocab_size)),
+                                  len(tokens))
+            if picked is None:
+                break
+            token, p = picked
+            if p is not None:
                 probs.append(p)
-            else:
-                token = argmax_rows(scored)[0]
             tokens.append(token)
             prefix.append(token)
             if i + 1 < k:
