@@ -207,11 +207,10 @@ def _break_conversion(monkeypatch):
     monkeypatch.setattr(sources, "_convert_gguf", broken_conversion)
 
 
-def test_a_broken_converted_tokenizer_is_rebuilt(tiny_spm_gguf, cache, monkeypatch, caplog):
+def test_a_broken_converted_tokenizer_is_rebuilt(tiny_spm_gguf, cache, monkeypatch):
     path, sp = tiny_spm_gguf
     _break_conversion(monkeypatch)
-    folder = sources.pull_gguf(path)
-    assert "does not encode like the GGUF's own" in caplog.text
+    folder = sources.pull_gguf(path)  # the repair is an INFO line, which the convert phase shows only with -v
     assert json.loads((folder / "xpuspec.json").read_text())["tokenizer"] == "rebuilt from the GGUF's metadata"
     from transformers import AutoTokenizer
 

@@ -219,9 +219,13 @@ def test_chat_applies_the_chat_template(server, tokenizer, greedy):
 
 @pytest.mark.parametrize("mode", ["plain", "prompt_lookup"])
 def test_stop_string_cuts_exactly_where_it_begins(server, tokenizer, greedy, mode):
-    want, _, _ = expected(tokenizer, greedy, tokenizer(CODE).input_ids, 24)  # "\ndef fibonacci(n):\n    if ..."
-    stop = "nacci(n):\n  "  # inside tokens, and copied from the prompt: a block prompt lookup drafts
-    assert stop in want
+    want, _, _ = expected(tokenizer, greedy, tokenizer(CODE).input_ids, 24)  # "...fibonacci(n..." on either conversion
+    # the longest piece of the prompt the output repeats, less its first 3 characters: it starts inside a token, and
+    # prompt lookup drafts it as a block copied from the prompt
+    copied = max((CODE[i:j] for i in range(len(CODE)) for j in range(i + 6, len(CODE) + 1) if CODE[i:j] in want[1:]),
+                 key=len, default="")
+    stop = copied[3:]
+    assert len(stop) >= 3, want
     for stream in (False, True):
         text, reason, usage = complete(server.client(), CODE, 24, stream, MODES[mode], stop=["never", stop])
         assert (text, reason) == (want[:want.index(stop)], "stop")
@@ -505,17 +509,14 @@ def test_openapi_json_documents_what_the_server_answers(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
-def test_an_empty_string_prompt_is_the_bos_token_alone(server, tokenizer, greedy):
-    """As in vLLM, a text prompt is what the tokenizer makes of it with its special tokens: SmolLM2's adds its BOS,
-    so "" generates from the BOS alone (OpenAI's "start of a new document"); an empty list of ids is a 400."""
-    bos = tokenizer("").input_ids
-    assert bos == [tokenizer.bos_token_id]
-    want = expected(tokenizer, greedy, bos, 6)
-    for prompt in ("", [""]):
-        text, reason, usage = complete(server.client(), prompt, 6, False, MODES["plain"])
-        assert (text, reason, usage.completion_tokens, usage.prompt_tokens) == (*want, 1)
-    r = server.post("/v1/completions", {"model": MODEL, "prompt": [], "max_tokens": 2})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+def test_an_empty_prompt_is_a_400_naming_it(server):
+    """"", [""] and [] are refused whatever the tokenizer would make of "" (a BOS alone or nothing: SmolLM2's GGUF
+    says to add no BOS, and conversions before xpuspec checked GGUF tokenizers added one); /openapi.json says so."""
+    for prompt in ("", [""], []):
+        r = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (prompt, r.text)
+    branches = server.get("/openapi.json").json()["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
+    assert [b["minLength"] for b in branches["anyOf"] if b.get("type") == "string"] == [1]
 
 
 def test_sigterm_drains_running_and_queued_requests_then_exits_0(server, tokenizer, greedy):
@@ -699,7 +700,8 @@ SCHEMATHESIS_EXAMPLES = 15
 def _fits(case) -> None:
     """A request valid by the schema, made quick, and kept clear of the constraints between fields that JSON
     schema cannot state (the prompt and max_tokens within the context, speculation settings that go together,
-    stream_options only when streaming), which the server answers with a documented 400."""
+    stream_options only when streaming, a response_format's grammar that compiles), which the server answers with
+    a documented 400."""
     body = case.body
     if not isinstance(body, dict):
         return
@@ -713,6 +715,9 @@ def _fits(case) -> None:
         body["seed"] = 2**53  # schema in doubles: -2**63 - 191 passes as -2**63, and the server rightly refuses it
     if isinstance(body.get("prompt"), list) and body["prompt"] and isinstance(body["prompt"][0], int):
         body["prompt"] = body["prompt"][:64]
+    # whether a JSON schema, grammar or regex compiles is not a JSON-schema property: test_structured_output holds
+    # response_format, valid and not
+    body.pop("response_format", None)
 
 
 def test_schemathesis_finds_the_server_as_its_openapi_json_says(plain_server):
@@ -731,12 +736,18 @@ def test_schemathesis_finds_the_server_as_its_openapi_json_says(plain_server):
             modes.append(schemathesis.GenerationMode.NEGATIVE)
         for mode in modes:
             @settings(max_examples=SCHEMATHESIS_EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
-                      suppress_health_check=list(HealthCheck))
+                      suppress_health_check=list(HealthCheck), derandomize=True)  # the same examples in every run
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case):
                 if mode is schemathesis.GenerationMode.POSITIVE:
                     _fits(case)
-                case.call_and_validate(base_url=plain_server.url, timeout=120)
+                response = case.call(base_url=plain_server.url, timeout=120)
+                if mode is schemathesis.GenerationMode.NEGATIVE and response.status_code == 413:
+                    # an invalid body past --max-body-mib (a prompt over its maxLength) gets the documented 413
+                    # before it is read; schemathesis counts only 400, 422 and their kin as a refusal
+                    assert response.json()["error"]["code"] == "request_too_large"
+                    return
+                case.validate_response(response)
 
             try:
                 run()

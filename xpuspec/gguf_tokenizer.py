@@ -327,9 +327,9 @@ def check_converted_tokenizer(gguf: Path, folder: Path, config, name: str):
     mismatch = first_mismatch(converted, reference)
     if mismatch is None:
         return converted, "converted"
-    log.warning("%s: the tokenizer transformers converted from this GGUF does not encode like the GGUF's own (%s); "
-                "rebuilding it from the GGUF's vocabulary (%s, pre-tokenizer %r)", name, mismatch.describe(),
-                vocab.model, vocab.pre)
+    log.info("%s: the tokenizer transformers converted from this GGUF does not encode like the GGUF's own (%s); "
+             "rebuilding it from the GGUF's vocabulary (%s, pre-tokenizer %r)", name, mismatch.describe(),
+             vocab.model, vocab.pre)
     eos = getattr(config, "eos_token_id", None)
     eos = eos[0] if isinstance(eos, (list, tuple)) else eos
     eos_token = vocab.tokens[eos] if isinstance(eos, int) and 0 <= eos < len(vocab.tokens) else None

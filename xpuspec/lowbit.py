@@ -118,7 +118,7 @@ class LowBitConfig:
             return replace(self, group_size=requested)
         candidates = (DEFAULT_INT4_GROUP_SIZE,) if npu else FALLBACK_GROUP_SIZES
         fitted = next((g for g in candidates if all(c % g == 0 for c in channels)), CHANNEL_WISE)
-        log.info(
+        log.debug(  # shown with -vv; model.low_bit.group_size holds the group size used
             "group_size %d does not divide input channels %s; using %s",
             requested, channels, "channel-wise" if fitted == CHANNEL_WISE else fitted,
         )

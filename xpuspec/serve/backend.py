@@ -27,13 +27,20 @@ SERIAL_NOTE = ("requests run one at a time (this model's backend decodes one seq
                "concurrent requests wait in the queue")
 
 
+#: A temperature below this decodes greedily, as vLLM does (its ``_SAMPLING_EPS``): dividing the logits by it
+#: overflows float32 (a 500 with "probability tensor contains inf or nan", found by schemathesis), and sampling at
+#: it is greedy decoding in all but ties.
+SAMPLING_EPS = 1e-5
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     """One request's decoding settings, in ``generate``'s terms.
 
     Attributes:
         max_new_tokens: at most this many new tokens (at least 1).
-        temperature: 0 decodes greedily; above 0 samples at this temperature (with ``top_p``).
+        temperature: under :data:`SAMPLING_EPS` (0 included) decodes greedily; above it samples at this temperature
+            (with ``top_p``).
         top_p: nucleus sampling's mass (1.0: off).
         seed: seeds torch's sampler before the request (``None``: not reproducible). A seeded request repeats its
             output under plain decoding; with speculation, only where the adaptive draft schedule repeats too
@@ -57,7 +64,7 @@ class GenerationParams:
     def generate_kwargs(self) -> dict:
         """``generate``'s keyword arguments for these settings (no top-k: the OpenAI API has none)."""
         sampling = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0) \
-            if self.temperature > 0 else dict(do_sample=False)
+            if self.temperature >= SAMPLING_EPS else dict(do_sample=False)
         speculation = {name: getattr(self, name) for name in SPECULATIVE_FIELDS if getattr(self, name) is not None}
         structured = {"response_format": self.response_format} if self.response_format is not None else {}
         return dict(max_new_tokens=self.max_new_tokens, **sampling, **speculation, **structured)
@@ -258,7 +265,7 @@ class SerialBackend:
         import torch
 
         streamer = _Streamer(on_tokens)
-        if params.seed is not None and params.temperature > 0:
+        if params.seed is not None and params.temperature >= SAMPLING_EPS:
             torch.manual_seed(params.seed)
         try:
             self.model.generate(torch.tensor([list(prompt_ids)], dtype=torch.long), streamer=streamer,

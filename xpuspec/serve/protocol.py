@@ -175,8 +175,13 @@ class GenerationRequest(_Strict):
 
 
 def _one_prompt(schema: dict) -> None:
-    """``json_schema_extra`` of ``prompt``: a list holds one prompt (a text or token ids) and is not empty."""
+    """``json_schema_extra`` of ``prompt``: a list holds one prompt (a text or token ids) and is not empty; a text
+    is not empty (the server refuses ``""`` whatever the tokenizer would make of it)."""
     for branch in schema.get("anyOf", ()):
+        if branch.get("type") == "string":
+            branch["minLength"] = 1
+        if branch.get("type") == "array" and branch["items"].get("type") == "string":
+            branch["items"]["minLength"] = 1
         if branch.get("type") == "array":
             branch["minItems"] = 1
             if branch["items"].get("type") != "integer":
@@ -195,6 +200,8 @@ class CompletionRequest(GenerationRequest):
     best_of: Optional[Int(ge=1)] = Field(None, json_schema_extra=_documents(maximum=1))
 
     def check(self) -> None:
+        if self.prompt == "" or self.prompt == [""]:
+            raise APIError(400, "The prompt is empty; give some text (or token ids).", param="prompt")
         self.refuse_unimplemented(self.logprobs)
         for name, given in (("echo", self.echo), ("suffix", self.suffix is not None),
                             ("best_of", self.best_of not in (None, 1))):
