@@ -85,8 +85,9 @@ class KVBudgetError(XpuspecError, MemoryError):
 
 
 class BatchNotSupportedError(XpuspecError, NotImplementedError):
-    """Batch > 1 (or threads joining one batch) on a runner that runs one sequence at a time (the torch backend,
-    pipeline stages, the NPU); the message names the alternative."""
+    """No longer raised: since every request is a row of the one engine, a batch on a runner of one sequence (the
+    torch backend, pipeline stages, the NPU) runs its rows one after another. Kept so that code catching it still
+    imports."""
 
 
 class NumericsError(XpuspecError, FloatingPointError):

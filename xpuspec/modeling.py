@@ -218,7 +218,6 @@ class XpuspecModelForCausalLM:
             SpeculativeConfigError: a draft length, schedule or confidence threshold that is not valid, or
                 ``speculative=True`` with nothing to draft with.
             NotImplementedError: beams, or an unimplemented generation option.
-            BatchNotSupportedError: a batch on a runner of one sequence (torch backend, pipeline stages, NPU).
             KVBudgetError: a row whose KV blocks can never fit the runner's KV budget (``set_kv_budget``).
             ValueError: a streamer with a batch.
             TypeError: an unknown keyword argument, ``max_new_tokens`` not an integer, ``speculative`` not a bool,
