@@ -173,6 +173,7 @@ def test_the_loop_runs_torch_on_one_thread_unless_a_runner_computes_with_its_thr
     target = Successor(8, RunnerTraits(uses_torch_threads=target_uses))
     draft = None if draft_uses is None else Successor(8, RunnerTraits(uses_torch_threads=draft_uses))
     drafter = None if draft is None else ModelDrafter(draft, vocab_size=8)
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         out = decode(target, [1, 2], _config(max_new_tokens=6), None, drafter, _policy() if drafter else None)[0]
@@ -180,7 +181,7 @@ def test_the_loop_runs_torch_on_one_thread_unless_a_runner_computes_with_its_thr
         assert target.threads == {inside} and (draft is None or draft.threads == {inside})
         assert torch.get_num_threads() == 2
     finally:
-        torch.set_num_threads(1)
+        torch.set_num_threads(before)
 
 
 def test_a_hybrid_whose_model_stops_goes_on_with_lookup():

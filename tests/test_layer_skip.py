@@ -17,8 +17,7 @@ LAYERS = 6
 
 
 @pytest.fixture(scope="module")
-def tiny_deep(tmp_path_factory):
-    torch.set_num_threads(1)
+def tiny_deep(tmp_path_factory, one_thread):
     return tiny_model(tmp_path_factory.mktemp("tiny6") / "m", seed=3, layers=LAYERS)
 
 

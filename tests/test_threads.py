@@ -85,4 +85,7 @@ def test_threads_calling_the_model_and_generate_together(torch_fp32, tokenizer):
     got = _alone(torch_fp32, tokenizer)
     scorer.join()
     assert not errors and got == expected
-    assert max(seen) == 0.0
+    # A forward pass that saw generate's KV cache would attend to other positions: its logits would move by whole
+    # units. Two forward passes at once may split their matrix products differently (MKL sizes its threads by the
+    # free cores; CI measured 4.7e-5 on one CPU, 0.0 on another), which moves fp32 logits by about 1e-4.
+    assert max(seen) < 1e-3
