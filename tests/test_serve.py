@@ -217,6 +217,32 @@ def test_chat_applies_the_chat_template(server, tokenizer, greedy):
     assert want_reason == "stop"  # the model ends its answer with <|im_end|>, which gives no text
 
 
+def test_a_chat_session_reuses_its_cached_prefix_and_answers_as_generate_does(server, tokenizer, greedy):
+    """Each turn resends the whole conversation: turns 2 and 3 start on the cached KV blocks of the turns before
+    (usage's prompt_tokens_details.cached_tokens, /metrics' prefix_cache_hits), and every answer is the one
+    generate gives in this process, without a prefix cache."""
+    assert server.health()["prefix_caching"] is True
+    label = '{model_name="%s"}' % MODEL
+    before = server.metrics()
+    messages, cached = [{"role": "system", "content": "You are a helpful assistant. " * 8}], []
+    for question in ("What is the capital of France?", "And of Italy?", "Which of the two is larger?"):
+        messages.append({"role": "user", "content": question})
+        ids = tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                        add_special_tokens=False).input_ids
+        r = server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+        want_text, want_reason, _ = expected(tokenizer, greedy, ids, 24)
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == (want_text, want_reason)
+        assert r.usage.prompt_tokens == len(ids)
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    assert cached[1] >= 64 and cached[2] > cached[1]
+    after = server.metrics()
+    hits = after["xpuspec:prefix_cache_hits_total" + label] - before.get("xpuspec:prefix_cache_hits_total" + label, 0)
+    queries = (after["xpuspec:prefix_cache_queries_total" + label]
+               - before.get("xpuspec:prefix_cache_queries_total" + label, 0))
+    assert hits >= sum(cached) and queries >= hits > 0
+
+
 @pytest.mark.parametrize("mode", ["plain", "prompt_lookup"])
 def test_stop_string_cuts_exactly_where_it_begins(server, tokenizer, greedy, mode):
     want, _, _ = expected(tokenizer, greedy, tokenizer(CODE).input_ids, 24)  # "...fibonacci(n..." on either conversion
@@ -577,10 +603,13 @@ class FailingBackend:
     """A backend whose every run fails, as a model that raises would."""
 
     engine, max_running, note, speculation, context_length, vocab_size = "serial", 1, "", "none", 2048, 49152
-    has_draft_model = False
+    has_draft_model = prefix_caching = False
 
     def check(self, params):
         pass
+
+    def prefix_cache_counts(self):
+        return 0, 0
 
     def run(self, prompt_ids, params, on_tokens):
         on_tokens([42])
@@ -618,10 +647,17 @@ def plain_server(smollm2_path, tmp_path_factory):
     """Started after the shared server has stopped (its last test); its last test stops it with SIGTERM."""
     log_path = tmp_path_factory.mktemp("serve") / "plain-server.log"
     s = Server("--max-batch", "1", "--max-queue", "4", "--drain-timeout", "2", "--max-body-mib",
-               str(PLAIN_MAX_BODY_MIB), log_path=log_path)
+               str(PLAIN_MAX_BODY_MIB), "--no-prefix-cache", log_path=log_path)
     s.log_path = log_path
     yield s
     s.stop()
+
+
+def test_no_prefix_cache_reuses_nothing(plain_server):
+    assert plain_server.health()["prefix_caching"] is False
+    for _ in range(2):
+        r = plain_server.client().completions.create(model=MODEL, prompt=PROMPTS[3] * 10, max_tokens=2, temperature=0)
+        assert r.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_a_body_past_the_limit_gets_413_before_it_is_read(plain_server):

@@ -28,6 +28,7 @@ An :class:`EngineLoop` owns the engine in a background thread (started on first 
 :meth:`EngineLoop.stop`): callers submit jobs and wait on their own jobs' events.
 """
 
+import logging
 import threading
 import time
 import weakref
@@ -45,6 +46,8 @@ from .speculative.policy import Widths
 from .speculative.profile import SWEEP_WIDTHS, TargetCosts, measure_profile
 
 from .batching import DEFAULT_MAX_BATCH, PREFILL_CHUNK  # noqa: F401 - defined there, light for the CLI
+
+log = logging.getLogger("xpuspec")
 
 
 def batches(runner: Runner) -> bool:
@@ -222,7 +225,7 @@ class Engine:
                 self._claim(job)
             except _Busy:
                 return  # its runner of one sequence is free once a live job leaves
-            seq = self.rows.open_sequence()
+            seq = self._open_row(job, self.rows.open_sequence())
             try:
                 seq.reserve(self.tokens_needed(job.req))
             except KVBudgetError:
@@ -231,7 +234,7 @@ class Engine:
                     self._release(job)
                     return  # it fits once a live job leaves
                 self.target.reset()  # the runner's own sequence (model(...)) gives its blocks back
-                seq = self.target.open_sequence()
+                seq = self._open_row(job, self.target.open_sequence())
                 try:
                     seq.reserve(self.tokens_needed(job.req))
                 except KVBudgetError as exc:
@@ -250,6 +253,24 @@ class Engine:
                 continue
             if job.req.done:
                 self._finish(job)
+
+    @property
+    def caching_prefixes(self) -> bool:
+        """Whether the target's runner shares KV blocks across requests by their tokens (:mod:`xpuspec.kv_blocks`)."""
+        return bool(getattr(getattr(self.target, "prefix_cache", None), "prefix_caching", False))
+
+    def _open_row(self, job: Job, seq: Runner) -> Runner:
+        """``seq`` started on the prefix cache's blocks for the job's prompt (``stats.cached_tokens``), except for a
+        drafter that needs the target's hidden states at every prompt position (EAGLE-3), which a cached prefix
+        does not compute."""
+        req = job.req
+        if req.drafter is not None and req.drafter.needs:
+            if self.caching_prefixes:
+                log.info("prefix caching skips a request drafted by %s: it reads the target's hidden states at "
+                         "every prompt position", type(req.drafter).__name__)
+            return seq
+        req.stats.cached_tokens = seq.reuse_prefix(req.context)
+        return seq
 
     def _claim(self, job: Job) -> None:
         """Hold for the job's life the locks of its models whose runners run one sequence at a time (so that no
@@ -277,8 +298,14 @@ class Engine:
             req.drafter = None if req.drafter is None else req.drafter.on_rows(lambda r: self._open(job, r))
         job.first_drafter = req.drafter
         begin_drafting(req, self.target.traits.single_step_width)
-        if req.drafter is None and native_greedy_applies(req) and len(self.live) == 1 and not self.waiting:
+        if self._native_applies(req):
             self._native(job, "native")
+
+    def _native_applies(self, req: Request) -> bool:
+        """A lone plain greedy row may decode in the target's native engine, except with prefix caching on (that
+        engine keeps its own KV cache, which the next request could not reuse)."""
+        return req.drafter is None and native_greedy_applies(req) and len(self.live) == 1 and not self.waiting \
+            and not self.caching_prefixes
 
     def _open(self, job: Job, runner: Runner) -> Runner:
         """A sequence of its own on a draft model's ``runner`` for ``job``'s drafter."""
@@ -321,6 +348,7 @@ class Engine:
                     decoding = True
                     continue
                 job.filled = True
+                job.seq.share(req.context)  # the prompt's full blocks, for requests that start alike
                 if not job.catch_up:
                     verify_and_emit(job.seq, req, NO_DRAFT, rows, guessed=False)
                 self._ready(job)
@@ -466,8 +494,7 @@ class Engine:
                 own_s = verify_s * profile.pass_s(len(fed)) / profile.pass_s(total) if profile else verify_s
                 if after_round(req, draft, accepted, was_guess, d_s, own_s, len(fed)) is Decision.DROP_MODEL:
                     drop_model(req)
-                    if req.drafter is None and native_greedy_applies(req) and len(self.live) == 1 \
-                            and not self.waiting and not req.done:
+                    if not req.done and self._native_applies(req):
                         self._native(job, "native after speculation")
                         job.filled = not job.catch_up
             except Exception as exc:
@@ -477,7 +504,10 @@ class Engine:
                 self._finish(job)
 
     # -- leaving ------------------------------------------------------------------------------------------------
-    def _close(self, job: Job) -> None:
+    def _close(self, job: Job, share: bool = False) -> None:
+        """Free the job's sequences (after offering their accepted blocks to the prefix cache, when ``share``)."""
+        if share and job.seq is not None and job.req is not None:
+            job.seq.share(job.req.context)
         if job.first_drafter is not None and not job.finished:
             try:
                 job.first_drafter.end()
@@ -499,7 +529,7 @@ class Engine:
         except Exception as exc:
             result, error = None, exc
         job.first_drafter = None
-        self._close(job)
+        self._close(job, share=error is None)
         job.end(result, error)
 
     def _fail(self, job: Job, exc: BaseException) -> None:

@@ -74,6 +74,8 @@ class GenerationStats:
 
     Attributes:
         prompt_tokens, new_tokens: token counts.
+        cached_tokens: prompt tokens whose KV blocks came from the prefix cache (not computed; OpenAI's
+            ``usage.prompt_tokens_details.cached_tokens``); 0 with prefix caching off.
         ttft_s: seconds from the call to the first new token (prefill included).
         decode_s: seconds from the first to the last new token.
         decode_tokens_per_s: ``(new_tokens - 1) / decode_s`` (0 when fewer than 2 new tokens).
@@ -103,6 +105,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     new_tokens: int = 0
+    cached_tokens: int = 0
     ttft_s: float = 0.0
     decode_s: float = 0.0
     setup_s: float = 0.0
@@ -341,7 +344,7 @@ def batch_stats(rows: List[GenerationStats]) -> GenerationStats:
     decode time from then to the last row's last token, the target's passes those of the widest row (every row's
     pass is one batched pass), and ``rows`` themselves."""
     total = GenerationStats(rows=list(rows))
-    for name in ("prompt_tokens", "new_tokens", "drafted_tokens", "accepted_tokens", "guessed_tokens",
+    for name in ("prompt_tokens", "new_tokens", "cached_tokens", "drafted_tokens", "accepted_tokens", "guessed_tokens",
                  "guesses_accepted", "lookup_pauses"):
         setattr(total, name, sum(getattr(r, name) for r in rows))
     total.ttft_s = min(r.ttft_s for r in rows)

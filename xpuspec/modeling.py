@@ -94,6 +94,7 @@ class XpuspecModelForCausalLM:
         self._lock = threading.RLock()  # held by the engine's thread while it steps with this model, and by model(...)
         self._loop_lock = threading.Lock()
         self._loop = None  # the engine's loop (xpuspec.engine.EngineLoop), made on first use
+        self._prefix_caching = False
 
     @property
     def device_map(self):
@@ -317,6 +318,43 @@ class XpuspecModelForCausalLM:
 
         return all(batches(m.runner) for m in (self, assistant_model, self.draft_model) if m is not None)
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether requests start on the cached KV blocks of earlier ones (:meth:`set_prefix_caching`)."""
+        return self._prefix_caching
+
+    def set_prefix_caching(self, on: bool = True) -> None:
+        """Turn prefix caching on or off (vLLM's and openvino_genai's ``enable_prefix_caching``).
+
+        On, a request starts on the KV blocks of the longest cached start of its prompt (the prompts and accepted
+        outputs of earlier requests, :mod:`xpuspec.kv_blocks`) and prefills only the rest; the output does not
+        change. The draft model caches its blocks the same way where its runner has a paged KV cache; one that sees
+        only the context's last tokens (``SpeculativeConfig.draft_context_length``, on by default) starts each request
+        at another token, so its blocks match only with ``draft_context_length=0``. Plain greedy
+        requests then decode in xpuspec's engine, not the backend's native one (whose KV cache later requests could
+        not reuse). Off empties the cache.
+
+        Raises:
+            ValueError: on, for a target whose runner has no paged KV cache (the torch backend, pipeline stages,
+                the NPU).
+        """
+        if on and not hasattr(self.runner, "set_prefix_caching"):
+            raise ValueError(f"prefix caching needs a paged KV cache, and {self.name_or_path} on {self.device_name} "
+                             f"({self.backend_name} backend) has none: load it with backend='openvino' on one CPU or "
+                             "GPU, or leave enable_prefix_caching off.")
+        with self._lock:
+            if hasattr(self.runner, "set_prefix_caching"):
+                self.runner.set_prefix_caching(on)
+            draft = self.draft_model
+            if draft is not None:
+                resident = not isinstance(draft.runner, ReleasableRunner) or draft.runner.resident
+                if resident and hasattr(draft.runner, "set_prefix_caching"):
+                    draft.runner.set_prefix_caching(on)  # a released draft takes the setting when it loads again
+                elif on and resident:
+                    log.info("the draft model %s keeps no prefix cache: its %s runner has no paged KV cache",
+                             draft.name_or_path, draft.backend_name)
+            self._prefix_caching = bool(on)
+
     def _engine_loop(self):
         """This model's :class:`xpuspec.engine.EngineLoop`, made (with its engine) on first use."""
         from .engine import Engine, EngineLoop, loop_for
@@ -497,6 +535,7 @@ class AutoModelForCausalLM:
         pipeline_parallel_stages: Optional[int] = None,
         split: Optional[Sequence[int]] = None,
         gguf_file: Optional[str] = None,
+        enable_prefix_caching: bool = False,
         **kwargs,
     ) -> XpuspecModelForCausalLM:
         """Load a causal LM and place it on a device, compressing its weights if asked.
@@ -537,6 +576,8 @@ class AutoModelForCausalLM:
                 See :attr:`device_map`.
             split: decoder layers per stage (e.g. ``[15, 15]``); default: balanced by weight bytes.
             gguf_file: a GGUF file inside the folder ``pretrained_model_name_or_path`` (transformers' argument).
+            enable_prefix_caching: requests reuse the KV blocks of earlier requests' common prompt starts (vLLM's
+                and openvino_genai's name; :meth:`XpuspecModelForCausalLM.set_prefix_caching`). Default off.
             force_download: (keyword) convert a GGUF file or built-in model again, even if it is cached or its
                 conversion is remembered as failed (:func:`xpuspec.sources.pull`).
 
@@ -551,6 +592,7 @@ class AutoModelForCausalLM:
             NumericsError: the loaded model's logits on a fixed sentence contain NaN or infinity (the message names
                 the format; another format, e.g. fp32, fixes an fp16 overflow).
             TypeError: an unknown keyword argument.
+            ValueError: ``enable_prefix_caching`` where the runner has no paged KV cache.
         """
         pretrained_model_name_or_path = _with_gguf_file(pretrained_model_name_or_path, gguf_file)
         spec = resolve_speculative(speculative, draft_low_bit=draft_low_bit, draft_device=draft_device)
@@ -662,8 +704,13 @@ class AutoModelForCausalLM:
                         draft = model.draft_model = cls.from_pretrained(draft_from, **draft_args)
                         load_s = time.perf_counter() - start
                     check_draft(model, draft)
-                draft.runner = ReleasableRunner(draft.runner, lambda: cls.from_pretrained(draft_from, **draft_args).runner,
-                                                f"draft model {draft.name_or_path}", load_s)
+                def reload_draft(draft_from=draft_from, draft_args=draft_args):
+                    runner = cls.from_pretrained(draft_from, **draft_args).runner
+                    if model.prefix_caching and hasattr(runner, "set_prefix_caching"):
+                        runner.set_prefix_caching(True)
+                    return runner
+
+                draft.runner = ReleasableRunner(draft.runner, reload_draft, f"draft model {draft.name_or_path}", load_s)
             model._prepare_speculation()
             after = rss_bytes()
             model.draft_memory_bytes = None if before is None or after is None else max(0, after - before)
@@ -672,6 +719,8 @@ class AutoModelForCausalLM:
                      draft_device_name if uses_draft else device_name,
                      "unknown" if model.draft_memory_bytes is None else f"{model.draft_memory_bytes / 2**20:.1f} MiB",
                      weights / 2**20)
+        if enable_prefix_caching:
+            model.set_prefix_caching(True)
         return model
 
     @classmethod

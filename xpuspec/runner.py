@@ -128,6 +128,16 @@ class Runner(ABC):
         raise SpeculativeConfigError(f"{type(self).__name__} cannot return the hidden states an EAGLE-3 head drafts "
                                      "from: load the target with backend='torch' or 'openvino'.")
 
+    def reuse_prefix(self, prompt: Sequence[int]) -> int:
+        """Start this empty sequence on the KV blocks its runner's prefix cache holds for the start of ``prompt``
+        (:mod:`xpuspec.kv_blocks`); returns the tokens it now holds (less than ``len(prompt)``), which the next
+        pass must not feed again. Default: 0, a runner without a prefix cache."""
+        return 0
+
+    def share(self, accepted: Sequence[int]) -> None:
+        """Offer the full KV blocks of this sequence whose tokens begin ``accepted`` (a request's prompt and
+        accepted output) to later sequences' :meth:`reuse_prefix`. Default: nothing."""
+
     @abstractmethod
     def rollback(self, n: int) -> None:
         """Drop the last ``n`` tokens from the KV cache (0 <= n <= length)."""

@@ -36,6 +36,7 @@ import openvino as ov
 import torch
 
 from xpuspec.errors import KVBudgetError, ModelSourceError
+from xpuspec.kv_blocks import BlockPool
 from xpuspec.runner import Runner, RunnerTraits, on_whole_vocabulary
 
 from . import numerics
@@ -150,11 +151,9 @@ class PagedRunner(Runner):
         self.block_size = int(value_shape[2].get_length())
         self.weight_bytes = (self.folder / MODEL_BIN).stat().st_size
         self.execution_devices = [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]
-        self._blocks = 0  # blocks allocated in the cache tensors
-        self._free: List[int] = []  # allocated blocks no sequence holds
-        self._budget_blocks: Optional[int] = None  # at most this many blocks in use (set_kv_budget)
         self.block_bytes = 0  # bytes of one block over every layer's key and value cache
-        self._grow(-(-capacity // self.block_size))
+        self._pool = BlockPool(self.block_size, self._grow)  # which sequences hold which blocks; the prefix cache
+        self._pool.add(self._grow(-(-capacity // self.block_size)))
         self._own = PagedSequence(self)  # the sequence the batch-1 Runner methods run on
         self._genai = GenAIGreedy(self.folder, device.upper(), config, attention_backend="PA")
         self._taps: List[str] = []  # outputs of the tapped layers' hidden states (set_taps)
@@ -229,13 +228,23 @@ class PagedRunner(Runner):
     # -- the block pool ---------------------------------------------------------------------------------------
     @property
     def blocks_in_use(self) -> int:
-        """KV blocks held by sequences (the runner's own included)."""
-        return self._blocks - len(self._free)
+        """KV blocks held by sequences (the runner's own included; not idle blocks of the prefix cache)."""
+        return self._pool.in_use
 
     @property
     def kv_budget_blocks(self) -> Optional[int]:
         """The most blocks in use (:meth:`set_kv_budget`), or ``None`` for no limit."""
-        return self._budget_blocks
+        return self._pool.budget
+
+    @property
+    def prefix_cache(self) -> BlockPool:
+        """The block pool: its prefix cache (``prefix_caching``, ``queries``, ``hits``, ``cached``)."""
+        return self._pool
+
+    def set_prefix_caching(self, on: bool) -> None:
+        """Share full KV blocks across this runner's sequences by their tokens (:mod:`xpuspec.kv_blocks`); off
+        empties the cache."""
+        self._pool.set_prefix_caching(on)
 
     def set_kv_budget(self, budget_bytes: Optional[int]) -> None:
         """Cap the KV cache's blocks in use at ``budget_bytes`` (``None``: no cap). A pass that would need more
@@ -245,12 +254,12 @@ class PagedRunner(Runner):
             ValueError: a budget below one block (:attr:`block_bytes` bytes), or not an integer.
         """
         if budget_bytes is None:
-            self._budget_blocks = None
+            self._pool.budget = None
             return
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < self.block_bytes:
             raise ValueError(f"set_kv_budget({budget_bytes!r}): give an integer number of bytes of at least one KV "
                              f"block ({self.block_bytes} bytes: {self.block_size} tokens over every layer).")
-        self._budget_blocks = budget_bytes // self.block_bytes
+        self._pool.budget = budget_bytes // self.block_bytes
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks a sequence of ``tokens`` tokens holds."""
@@ -258,7 +267,7 @@ class PagedRunner(Runner):
 
     def budget_message(self, needed_blocks: int, what: str) -> str:
         """What :class:`KVBudgetError` says: the budget, what is needed, and what to change."""
-        budget = self._budget_blocks
+        budget = self._pool.budget
         return (f"{what} needs {needed_blocks} KV blocks ({needed_blocks * self.block_bytes / 2**20:.1f} MiB, "
                 f"{self.block_size} tokens a block) but the KV budget is {budget} blocks "
                 f"({budget * self.block_bytes / 2**20:.1f} MiB; {self.blocks_in_use} in use). Raise the budget "
@@ -266,42 +275,46 @@ class PagedRunner(Runner):
                 "max_new_tokens, or run fewer sequences at once.")
 
     def _take(self, n: int, what: str) -> List[int]:
-        """``n`` free blocks, growing the pool (doubling, within the budget).
+        """``n`` new blocks (:meth:`xpuspec.kv_blocks.BlockPool.take`: free, then evicted from the prefix cache,
+        then new ones, the cache doubling within the budget).
 
         Raises:
             KVBudgetError: more blocks in use than the budget allows; nothing is taken.
         """
-        if n <= 0:
-            return []
-        if self._budget_blocks is not None and self.blocks_in_use + n > self._budget_blocks:
-            raise KVBudgetError(self.budget_message(self.blocks_in_use + n, what))
-        if len(self._free) < n:
-            self._grow(self._blocks + n - len(self._free))
-        taken, self._free = self._free[:n], self._free[n:]
-        return taken
+        return self._pool.take(n, lambda needed: self.budget_message(needed, what))
 
     def _give_back(self, blocks: List[int]) -> None:
-        self._free = sorted(self._free + list(blocks))
+        self._pool.release(blocks)
 
-    def _grow(self, blocks: int) -> None:
-        """Reallocate the cache for at least ``blocks`` blocks (doubling), keeping what it holds; block ids stay."""
-        blocks = max(blocks, 2 * self._blocks)
-        if self._budget_blocks is not None:
-            blocks = max(min(blocks, self._budget_blocks), self._blocks + 1)
+    def _copy_block(self, block: int) -> int:
+        """A new block holding what ``block`` holds, over every layer's keys and values (copy on write)."""
+        new = self._take(1, "a copy of a shared block")[0]
+        for port in self._cache_inputs:
+            data = self._wide.get_tensor(port.any_name).data
+            data[new] = data[block]
+        return new
+
+    def _grow(self, blocks: int) -> int:
+        """Reallocate the cache for at least ``blocks`` blocks (doubling), keeping what it holds; block ids stay.
+        Returns the blocks it holds."""
+        held, budget = self._pool.blocks, self._pool.budget
+        blocks = max(blocks, 2 * held)
+        if budget is not None:
+            blocks = max(min(blocks, budget), held + 1)
         block_bytes = 0
         for port in self._cache_inputs:
             shape = [blocks] + [d.get_length() for d in list(port.partial_shape)[1:]]
             tensor = ov.Tensor(port.element_type, shape)
-            if self._blocks:
-                tensor.data[: self._blocks] = self._wide.get_tensor(port.any_name).data
-                tensor.data[self._blocks:] = 0
+            if held:
+                tensor.data[:held] = self._wide.get_tensor(port.any_name).data
+                tensor.data[held:] = 0
             else:
                 tensor.data[:] = 0
             block_bytes += tensor.byte_size // blocks
             self._step.set_tensor(port.any_name, tensor)
             self._wide.set_tensor(port.any_name, tensor)
-        self._free = sorted(self._free + list(range(self._blocks, blocks)))
-        self._blocks, self.block_bytes = blocks, block_bytes
+        self.block_bytes = block_bytes
+        return blocks
 
     # -- sequences --------------------------------------------------------------------------------------------
     def open_sequence(self) -> "PagedSequence":
@@ -339,6 +352,7 @@ class PagedRunner(Runner):
         try:
             for seq, tokens in parts:
                 taken.append((seq, seq.reserve(seq.length + len(tokens))))
+                seq.own_from(seq.length)
         except KVBudgetError:
             for seq, blocks in taken:
                 seq.release(blocks)
@@ -373,6 +387,7 @@ class PagedRunner(Runner):
             if taps is not None:  # the tapped hidden states of this sequence's tokens, from its first position
                 seq.last_taps = (seq._length, torch.from_numpy(np.array(taps[at:at + len(tokens)], dtype=np.float32)))
             at += len(tokens)
+            seq.tokens[seq._length:] = tokens
             seq._length += len(tokens)
         rows = torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep, -1))
         return on_whole_vocabulary(rows, self.head_tokens, self.vocab_size)
@@ -404,11 +419,16 @@ class PagedRunner(Runner):
 class PagedSequence(Runner):
     """One sequence on a :class:`PagedRunner`'s compiled model and block pool: a Runner of its own (forward,
     rollback, reset), for the batched engine and for drafters of concurrent requests. :meth:`close` gives its
-    blocks back to the pool; :meth:`reserve` takes blocks ahead (an engine admitting a request)."""
+    blocks back to the pool; :meth:`reserve` takes blocks ahead (an engine admitting a request).
+
+    With the runner's prefix caching on, :meth:`reuse_prefix` starts an empty sequence on the cached blocks of its
+    prompt and :meth:`share` publishes its accepted full blocks (:mod:`xpuspec.kv_blocks`); a pass never writes into
+    a block that is cached or held by another sequence (:meth:`own_from` copies it first)."""
 
     def __init__(self, runner: PagedRunner):
         self.runner = runner
         self.blocks: List[int] = []
+        self.tokens: List[int] = []  # the token at each position written (past ``length``: rolled back)
         self._length = 0
         self.closed = False
         for name in ("device", "vocab_size", "weight_bytes", "num_layers", "head_tokens", "block_size"):
@@ -439,6 +459,41 @@ class PagedSequence(Runner):
         self.blocks += taken
         return taken
 
+    def own_from(self, position: int) -> None:
+        """Make every block this sequence holds from ``position`` on its own before a pass writes there: a block
+        that is cached or held by another sequence is replaced by a copy (copy on write).
+
+        Raises:
+            KVBudgetError: no block is left for a copy (the blocks copied so far stay copied).
+        """
+        pool = self.runner.prefix_cache
+        for i in range(position // self.block_size, len(self.blocks)):
+            if pool.shared(self.blocks[i]):
+                old, self.blocks[i] = self.blocks[i], self.runner._copy_block(self.blocks[i])
+                pool.release([old])
+
+    def reuse_prefix(self, prompt: Sequence[int]) -> int:
+        """Start this empty sequence on the cached blocks that ``prompt`` starts with (none where the runner's
+        prefix caching is off); returns the tokens it now holds, whole blocks short of the prompt's last token
+        (whose logits a pass must compute)."""
+        if self._length or self.blocks:
+            raise ValueError("reuse_prefix: the sequence must be empty (reset it first).")
+        self.blocks = self.runner.prefix_cache.match(list(prompt[:-1]))
+        self._length = len(self.blocks) * self.block_size
+        self.tokens = list(prompt[:self._length])
+        return self._length
+
+    def share(self, accepted: Sequence[int]) -> None:
+        """Publish the full blocks this sequence holds whose tokens begin ``accepted`` (a request's context: its
+        prompt and accepted output), so that later sequences reuse them; drafts past them stay private."""
+        n = 0
+        for written, want in zip(self.tokens[:self._length], accepted):
+            if written != want:
+                break
+            n += 1
+        full = n // self.block_size
+        self.runner.prefix_cache.publish(self.blocks[:full], self.tokens[:full * self.block_size])
+
     def release(self, blocks: List[int]) -> None:
         """Give back ``blocks`` (the last taken, from :meth:`reserve`)."""
         keep = set(blocks)
@@ -463,10 +518,10 @@ class PagedSequence(Runner):
     def reset(self) -> None:
         """Empty the sequence and give its blocks back (it takes them again as it grows)."""
         self.runner._give_back(self.blocks)
-        self.blocks, self._length = [], 0
+        self.blocks, self.tokens, self._length = [], [], 0
 
     def close(self) -> None:
         """Give the sequence's blocks back to the pool (it cannot run again)."""
         if not self.closed:
             self.runner._give_back(self.blocks)
-            self.blocks, self._length, self.closed = [], 0, True
+            self.blocks, self.tokens, self._length, self.closed = [], [], 0, True

@@ -90,7 +90,8 @@ class ServerState:
         self.backend, self.tokenizer, self.model_name, self.limits = backend, tokenizer, model_name, limits
         self.admission = admission = Admission(backend.max_running, max_queue)
         self.metrics = ServerMetrics(model_name, running=lambda: admission.running,
-                                     waiting=lambda: admission.waiting, kv_blocks=backend.kv_blocks_in_use)
+                                     waiting=lambda: admission.waiting, kv_blocks=backend.kv_blocks_in_use,
+                                     prefix_cache=backend.prefix_cache_counts)
         self.executor = ThreadPoolExecutor(max_workers=backend.max_running, thread_name_prefix="xpuspec-generate")
         self.prep = ThreadPoolExecutor(max_workers=PREP_THREADS, thread_name_prefix="xpuspec-tokenize")
         self.drain = Drain()
@@ -141,7 +142,8 @@ async def health(request: Request):
     s = server_state(request)
     a = s.admission
     return {"status": "draining" if s.drain.draining else "ok", "model": s.model_name, "engine": s.backend.engine,
-            "scheduling": s.backend.note, "speculative": s.backend.speculation, "running": a.running,
+            "scheduling": s.backend.note, "speculative": s.backend.speculation,
+            "prefix_caching": s.backend.prefix_caching, "running": a.running,
             "waiting": a.waiting, "max_running": a.max_running, "max_queue": a.max_waiting}
 
 

@@ -135,12 +135,14 @@ class Finished:
         reason: see :class:`FinishReason`.
         speculative: the request's speculative figures; ``None`` for plain decoding, and for a request its caller
             ended (``generate`` gives its statistics only when it returns).
+        cached_tokens: prompt tokens found in the prefix cache; ``None`` for a request its caller ended.
     """
 
     prompt_tokens: int
     completion_tokens: int
     reason: FinishReason
     speculative: Optional[SpeculativeUsage] = None
+    cached_tokens: Optional[int] = None
 
 
 class _Ended(Exception):
@@ -276,7 +278,18 @@ class SerialBackend:
         new = streamer.delivered
         eos = set(eos_ids(self.model.generation_config))
         reason = FinishReason.EOS if new and new[-1] in eos else FinishReason.LENGTH
-        return Finished(len(prompt_ids), len(new), reason, SpeculativeUsage.from_stats(stats))
+        return Finished(len(prompt_ids), len(new), reason, SpeculativeUsage.from_stats(stats), stats.cached_tokens)
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether requests reuse the KV blocks of earlier requests' common prompt starts, for ``/health``."""
+        return self.model.prefix_caching
+
+    def prefix_cache_counts(self) -> tuple:
+        """``(queries, hits)``: prompt tokens the target's prefix cache was asked for and found since the model
+        loaded (vLLM's ``prefix_cache_queries`` and ``prefix_cache_hits``); ``(0, 0)`` without a prefix cache."""
+        pool = getattr(self.model.runner, "prefix_cache", None)
+        return (0, 0) if pool is None else (pool.queries, pool.hits)
 
     def kv_blocks_in_use(self) -> int:
         """KV-cache blocks the running requests hold in the target and draft models (a runner's block pool, or one

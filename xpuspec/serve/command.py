@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser, formats, default_format: str) -> N
     p.add_argument("--kv-budget-mib", type=int, default=None, metavar="N",
                    help="KV-cache memory of the batched engine, in MiB (default: no limit); requests whose KV "
                         "blocks do not fit wait")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="do not reuse the KV blocks of earlier requests' common prompt starts (default: reuse them, "
+                        "where the backend keeps a paged KV cache)")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help=f"requests that may wait for a place to run; past that, HTTP 429 (default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
@@ -165,6 +168,11 @@ def run(args) -> int:
             raise ValueError(f"--kv-budget-mib: the {model.backend_name} backend keeps no KV block pool; leave it out, "
                              "or serve with --backend openvino.")
         model.runner.set_kv_budget(args.kv_budget_mib * 2**20)
+    if not args.no_prefix_cache:
+        try:
+            model.set_prefix_caching(True)
+        except ValueError as exc:
+            log.warning("prefix caching is off: %s", exc)
     max_batch = DEFAULT_MAX_BATCH if args.max_batch is None else args.max_batch
     if args.max_batch is not None and max_batch > 1 and not model.can_batch():
         log.warning("--max-batch %d: the %s backend decodes one sequence at a time; requests run one by one "

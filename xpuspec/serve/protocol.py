@@ -272,9 +272,11 @@ def speculative_decoding(usage: SpeculativeUsage) -> dict:
 
 def usage_body(finished: Finished) -> dict:
     """OpenAI's ``usage``, with ``speculative_decoding`` (``None`` for plain decoding, and for a request ended early
-    by a stop string, whose ``generate`` statistics end with the call)."""
+    by a stop string, whose ``generate`` statistics end with the call), and ``prompt_tokens_details.cached_tokens``:
+    the prompt tokens found in the prefix cache (``prompt_tokens_details`` is ``None`` where they are unknown)."""
+    details = None if finished.cached_tokens is None else {"cached_tokens": finished.cached_tokens}
     return {"prompt_tokens": finished.prompt_tokens, "completion_tokens": finished.completion_tokens,
-            "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+            "total_tokens": finished.prompt_tokens + finished.completion_tokens, "prompt_tokens_details": details,
             "speculative_decoding": None if finished.speculative is None else speculative_decoding(finished.speculative)}
 
 

@@ -221,6 +221,13 @@ class ModelDrafter(Drafter):
         self.tokens = []
         self.skip = max(0, len(request.context) - self.context_length) if self.context_length else 0
 
+    def end(self) -> None:
+        """Offer the draft's KV blocks of the request's accepted tokens to later requests (prefix caching; drafts
+        past them stay private)."""
+        request = getattr(self, "request", None)
+        if request is not None:
+            self.runner.share(request.context[self.skip:])
+
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits on the target's vocabulary: padded rows cut off, missing rows at -inf."""
         extra = self.vocab_size - logits.shape[-1]
@@ -235,6 +242,8 @@ class ModelDrafter(Drafter):
     def _sync(self, prefix: List[int]) -> torch.Tensor:
         """Bring the draft cache to ``prefix`` (from ``skip`` on); the raw logits after it, ``[1, vocab]``."""
         seen = prefix[self.skip:]
+        if not self.tokens and self.runner.length == 0:  # a new request: start on its cached prefix, if any
+            self.tokens = list(seen[:self.runner.reuse_prefix(seen)])
         common = 0
         for a, b in zip(self.tokens, seen):
             if a != b:
