@@ -18,7 +18,7 @@ MODEL = "smollm2-135m-instruct"
 #: Tiers outside the default run (the README's ``python -m pytest -q``): each runs only when ``-m`` names it
 #: (docs/testing.md gives each tier's command and budget).
 TIERS = {
-    "slow": "needs a model larger than SmolLM2 (the Qwen2.5-Coder pair): run it with -m slow",
+    "slow": "needs a model larger than SmolLM2, or minutes of work: run it with -m slow",
     "soak": "a long soak of the server: run it with -m soak",
     "matrix": "a long exactness sweep: run it with -m matrix",
 }

@@ -291,6 +291,7 @@ def test_batch_size_runs_the_batched_bench(smollm2_path, tmp_path):
     assert 'OpenVINO properties of every system: {"ENABLE_CPU_PINNING": false}' in done.stdout
 
 
+@pytest.mark.slow
 def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):
     """CI: 2 prompts, 8 tokens, SmolLM2, every system (SmolLM2 drafts for itself). Shape only. One system is
     loaded at a time (--interleave repeat): the 16 workers loaded together peak at 19.3 GiB, which on a 24 GiB
