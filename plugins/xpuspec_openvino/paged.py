@@ -27,6 +27,7 @@ not decode for such a runner.
 """
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -113,6 +114,8 @@ class PagedRunner(Runner):
     :meth:`forward_batch` runs a single inference over several sequences, as openvino_genai's continuous batching
     feeds ``PagedAttention`` (concatenated tokens, per-sequence ``past_lens``, ``subsequence_begins`` and block
     tables). :meth:`set_kv_budget` caps the blocks in use (:class:`xpuspec.errors.KVBudgetError` past it).
+    Passes and changes to the block pool are serialized by a lock, so sequences may run from several threads (an
+    overlapped draft's workers, one per row, beside the engine's thread).
 
     Args:
         core: the ``openvino.Core`` to compile with.
@@ -152,6 +155,7 @@ class PagedRunner(Runner):
         self.weight_bytes = (self.folder / MODEL_BIN).stat().st_size
         self.execution_devices = [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]
         self.block_bytes = 0  # bytes of one block over every layer's key and value cache
+        self._guard = threading.RLock()  # one pass or pool change at a time (sequences of several threads)
         self._pool = BlockPool(self.block_size, self._grow)  # which sequences hold which blocks; the prefix cache
         self._pool.add(self._grow(-(-capacity // self.block_size)))
         self._own = PagedSequence(self)  # the sequence the batch-1 Runner methods run on
@@ -244,7 +248,8 @@ class PagedRunner(Runner):
     def set_prefix_caching(self, on: bool) -> None:
         """Share full KV blocks across this runner's sequences by their tokens (:mod:`xpuspec.kv_blocks`); off
         empties the cache."""
-        self._pool.set_prefix_caching(on)
+        with self._guard:
+            self._pool.set_prefix_caching(on)
 
     def set_kv_budget(self, budget_bytes: Optional[int]) -> None:
         """Cap the KV cache's blocks in use at ``budget_bytes`` (``None``: no cap). A pass that would need more
@@ -281,10 +286,12 @@ class PagedRunner(Runner):
         Raises:
             KVBudgetError: more blocks in use than the budget allows; nothing is taken.
         """
-        return self._pool.take(n, lambda needed: self.budget_message(needed, what))
+        with self._guard:
+            return self._pool.take(n, lambda needed: self.budget_message(needed, what))
 
     def _give_back(self, blocks: List[int]) -> None:
-        self._pool.release(blocks)
+        with self._guard:
+            self._pool.release(blocks)
 
     def _copy_block(self, block: int) -> int:
         """A new block holding what ``block`` holds, over every layer's keys and values (copy on write)."""
@@ -348,6 +355,10 @@ class PagedRunner(Runner):
 
     def _infer(self, parts, keep: int, step: bool) -> torch.Tensor:
         """One inference over ``parts`` (``[(sequence, tokens)]``); the logits of the last ``keep`` tokens of all."""
+        with self._guard:
+            return self._infer_held(parts, keep, step)
+
+    def _infer_held(self, parts, keep: int, step: bool) -> torch.Tensor:
         taken = []
         try:
             for seq, tokens in parts:
@@ -478,7 +489,8 @@ class PagedSequence(Runner):
         (whose logits a pass must compute)."""
         if self._length or self.blocks:
             raise ValueError("reuse_prefix: the sequence must be empty (reset it first).")
-        self.blocks = self.runner.prefix_cache.match(list(prompt[:-1]))
+        with self.runner._guard:
+            self.blocks = self.runner.prefix_cache.match(list(prompt[:-1]))
         self._length = len(self.blocks) * self.block_size
         self.tokens = list(prompt[:self._length])
         return self._length
@@ -492,7 +504,8 @@ class PagedSequence(Runner):
                 break
             n += 1
         full = n // self.block_size
-        self.runner.prefix_cache.publish(self.blocks[:full], self.tokens[:full * self.block_size])
+        with self.runner._guard:
+            self.runner.prefix_cache.publish(self.blocks[:full], self.tokens[:full * self.block_size])
 
     def release(self, blocks: List[int]) -> None:
         """Give back ``blocks`` (the last taken, from :meth:`reserve`)."""

@@ -79,7 +79,7 @@ class OverlappedDrafter(Drafter):
         self._thread.start()
 
     def end(self) -> None:
-        """Stop the worker thread and wait for it."""
+        """Stop the worker thread and wait for it; then the draft model's drafter ends its request."""
         if self._thread is None:
             return
         with self._cond:
@@ -87,14 +87,15 @@ class OverlappedDrafter(Drafter):
             self._cond.notify_all()
         self._thread.join()
         self._thread = None
+        self.model.end()
 
     def runners(self):
         return self.model.runners()
 
     def on_rows(self, open_sequence) -> Drafter:
-        """In a batch the draft model drafts in the engine's thread (a sequence's passes share one compiled
-        model with the other rows')."""
-        return self.model.on_rows(open_sequence)
+        """This drafter for one row: its worker drafts on a sequence of its own on the draft model (whose runner
+        serializes the passes of several rows' workers and the engine's thread on its compiled model)."""
+        return OverlappedDrafter(self.model.on_rows(open_sequence), self.max_ahead)
 
     def propose(self, widths: Widths) -> Draft:
         """Up to ``widths.model`` tokens the worker drafted after the context; waits for the first one."""
