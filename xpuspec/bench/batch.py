@@ -25,7 +25,7 @@ import sys
 import time
 from typing import List, Optional
 
-from .harness import load_average
+from .load import load_average
 from .systems import ov_properties
 
 #: OpenVINO properties both tools get: the single-request bench's CPU pinning (:func:`.systems.ov_properties`).

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 from ..lowbit import FORMATS
 from . import prompts as prompt_sets
-from .load import CompetingLoad
+from .load import CompetingLoad, load_average
 from .memory import check_loaded, memory_mib
 from .systems import DEFAULT_KV_CACHE_PRECISION, REFERENCE, SYSTEMS, Setup, parse_systems
 from .worker import Worker, WorkerError
@@ -136,14 +136,6 @@ def _git_commit() -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() or None
-
-
-def load_average() -> Optional[List[float]]:
-    """The 1, 5 and 15-minute load averages (``os.getloadavg``), rounded to 0.01; ``None`` where unknown."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def failure(exc: Exception) -> dict:

@@ -1,5 +1,6 @@
-"""A competing CPU load for ``xpuspec bench --competing-load N``: N busy-loop processes the bench starts for the
-measured part of its run and stops after.
+"""The machine's CPU load: :func:`load_average`, recorded beside every figure, and a competing load for
+``xpuspec bench --competing-load N``: N busy-loop processes the bench starts for the measured part of its run and
+stops after.
 
 Each process spins in a pure-Python loop (no I/O, no memory traffic to speak of), pinned to one core where the
 platform allows it (core ``i`` modulo the cores this process may use), the way another job on a shared machine
@@ -12,6 +13,15 @@ import subprocess
 import sys
 import time
 from typing import List, Optional
+
+
+def load_average() -> Optional[List[float]]:
+    """The 1, 5 and 15-minute load averages (``os.getloadavg``), rounded to 0.01; ``None`` where unknown."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
 
 #: The busy loop each process runs (pins itself first where ``sched_setaffinity`` exists).
 _SPIN = ("import os, sys\n"
