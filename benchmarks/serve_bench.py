@@ -66,11 +66,12 @@ class Sample:
 
 
 class Child:
-    """A server child process; returns from __init__ once it answers ``health_path``."""
+    """A server child process (``env``: its environment, default this one's); returns from __init__ once it
+    answers ``health_path``."""
 
-    def __init__(self, cmd: List[str], port: int, health_path: str, log):
+    def __init__(self, cmd: List[str], port: int, health_path: str, log, env: Optional[dict] = None):
         self.port = port
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self.proc.poll() is not None:

@@ -19,8 +19,6 @@ import argparse
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +27,9 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
-START_TIMEOUT_S = 900
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_bench import Child, free_port  # noqa: E402
+
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n\ndef normalize(x):"]
 MODES = [{"speculative": False}, {"prompt_lookup_num_tokens": 4}, {}, {"num_assistant_tokens": 2}]
 
@@ -50,11 +50,6 @@ from xpuspec.cli import main
 raise SystemExit(main())
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:
@@ -108,20 +103,9 @@ def main() -> int:
         cmd = [sys.executable, "-c", TRACED, *serve[2:]]
     else:
         cmd = [sys.executable, *serve]
-    proc = subprocess.Popen(cmd, env=env)
+    child = Child(cmd, port, "/health", None, env=env)
+    proc = child.proc
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode} while starting")
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not answer /health in time")
-            time.sleep(0.5)
         client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
         for i in range(12):  # every mode once: what the first requests build is not growth
             one(client, args.model, i)
@@ -154,11 +138,7 @@ def main() -> int:
             for stat in last.compare_to(first, "lineno")[:15]:
                 print(stat)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        child.stop()
     return 0
 
 

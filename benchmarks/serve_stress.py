@@ -20,25 +20,20 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 from openai import OpenAI
 
-START_TIMEOUT_S = 900
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_bench import Child, free_port  # noqa: E402
+
 PROMPT = "Once upon a time, in a small village,"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load() -> str:
@@ -78,19 +73,7 @@ def main() -> int:
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "xpuspec", "serve", args.model, "--port", str(port), "--low-bit", args.low_bit,
            "--max-batch", "4", "--drain-timeout", str(args.drain_timeout), *args.server_args]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} while starting; log: {log.name}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the server did not answer /health in time")
-        time.sleep(0.5)
+    proc = Child(cmd, port, "/health", log).proc
     client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     client.completions.create(model=args.model, prompt=PROMPT, max_tokens=4, temperature=0)  # warm-up
     print(f"server: {' '.join(cmd[2:])}\nload average before: {load()}", flush=True)
