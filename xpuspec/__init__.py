@@ -36,8 +36,7 @@ from .errors import (
 from .export import export
 from .lowbit import FORMATS, LowBitConfig
 from .sources import BUILTIN_MODELS, pull
-
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401 - the package's version
 
 #: Names imported on first use -> the submodule that defines them (they import torch).
 _LAZY = {"AutoModelForCausalLM": "modeling", "AutoTokenizer": "modeling", "XpuspecModelForCausalLM": "modeling",

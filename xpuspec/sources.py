@@ -509,7 +509,7 @@ def failure_record(sha256: str) -> Path:
 def _versions() -> dict:
     from importlib.metadata import version
 
-    from . import __version__
+    from .version import __version__
 
     return {"transformers": version("transformers"), "xpuspec": __version__}
 
