@@ -16,6 +16,11 @@ with the cache on and off. For every turn it reports:
 
 It prints a table and the targets of issue 39: turns 2-6 at least 3x faster to the first token than without the
 cache, at most 1.2x the TTFT of the question alone, and reuse with speculation at least 90% of reuse without.
+
+``--genai`` adds the peer: openvino_genai's ``LLMPipeline`` in this process on the same IR folder the xpuspec server
+loads, with its ``SchedulerConfig.enable_prefix_caching`` on and off, fed the same conversations (the xpuspec
+replies, through the same chat template) as token ids; TTFT is the first token its streamer receives. It runs in
+process, without HTTP, so compare its ratios (off / on, on / alone) with xpuspec's, not its milliseconds.
 """
 
 import argparse
@@ -95,6 +100,67 @@ def run_server(args, speculative: bool, cache: bool, log) -> dict:
         child.stop()
 
 
+def genai_ttft(pipe, ids, max_tokens: int) -> float:
+    """Seconds from the call to the first streamed token of an openvino_genai greedy generation of ``ids``."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    sent, first = time.perf_counter(), []
+
+    class Streamer(openvino_genai.StreamerBase):
+        def write(self, token):
+            first.append(first[0] if first else time.perf_counter())
+            return openvino_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    config = pipe.get_generation_config()
+    config.max_new_tokens, config.do_sample = max_tokens, False
+    tokens = ov.Tensor(np.asarray([ids], dtype=np.int64))
+    pipe.generate(tokens, config, streamer=Streamer())
+    return first[0] - sent
+
+
+def chat_ids(tokenizer, messages):
+    """The prompt's token ids as the server makes them: the chat template's text, tokenized without extra tokens."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def run_genai(args, replies) -> dict:
+    """openvino_genai's prefix cache on and off on the xpuspec server's IR, over the conversations of ``replies``."""
+    import openvino_genai
+
+    from xpuspec import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    folder = str(AutoModelForCausalLM.from_pretrained(args.model, device="cpu", load_in_low_bit=args.low_bit)
+                 .runner.folder)
+    out = {}
+    for cache in (True, False):
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = cache
+        pipe = openvino_genai.LLMPipeline(folder, "CPU", scheduler_config=scheduler)
+        genai_ttft(pipe, chat_ids(tokenizer, [{"role": "user", "content": "Hello"}]), 4)  # warm-up
+        turns, alone, at = [[] for _ in range(args.turns)], [[] for _ in range(args.turns)], 0
+        for s in range(args.sessions):
+            messages = [{"role": "system", "content": document(DOCUMENTS[s % len(DOCUMENTS)])}]
+            for t in range(args.turns):
+                question = QUESTIONS[t % len(QUESTIONS)]
+                messages.append({"role": "user", "content": question})
+                ids = chat_ids(tokenizer, messages)
+                turns[t].append({"ttft_s": genai_ttft(pipe, ids, args.max_tokens), "prompt_tokens": len(ids)})
+                messages.append({"role": "assistant", "content": replies[at]})
+                at += 1
+                alone[t].append(genai_ttft(pipe, chat_ids(tokenizer, [{"role": "user", "content": question}]),
+                                           args.max_tokens))
+        out["cache" if cache else "nocache"] = {"turns": turns, "alone": alone}
+        del pipe
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -104,6 +170,7 @@ def main() -> int:
     p.add_argument("--sessions", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--json", default=None)
+    p.add_argument("--genai", action="store_true", help="also openvino_genai's prefix cache on and off (in process)")
     args = p.parse_args()
     load = os.getloadavg()
     results = {}
@@ -113,6 +180,8 @@ def main() -> int:
                 name = f"{'spec' if speculative else 'plain'}-{'cache' if cache else 'nocache'}"
                 results[name] = run_server(args, speculative, cache, log)
                 print(f"{name}: done", file=sys.stderr)
+    if args.genai:
+        results["genai"] = run_genai(args, results["plain-cache"]["replies"])
     med = statistics.median
     print(f"# {args.model} {args.low_bit}, {args.sessions} sessions x {args.turns} turns, {args.max_tokens} new tokens "
           f"a turn; load average before {load[0]:.2f} {load[1]:.2f}, after {os.getloadavg()[0]:.2f}")
@@ -133,6 +202,16 @@ def main() -> int:
         tpots = [med(x["tpot_s"] for turn in r["turns"] for x in turn if x["tpot_s"]) for r in (on, off)]
         print(f"\nreplies identical with the cache on and off: {same}; TPOT median {tpots[0] * 1000:.1f} ms on, "
               f"{tpots[1] * 1000:.1f} ms off")
+    if args.genai:
+        on, off = results["genai"]["cache"], results["genai"]["nocache"]
+        print("\n## openvino_genai (in process), enable_prefix_caching on and off\n")
+        print("| turn | prompt tokens | TTFT cache on (ms) | TTFT off (ms) | off / on | question alone (ms) | on / alone |")
+        print("|---|---|---|---|---|---|---|")
+        for t in range(args.turns):
+            t_on, t_off = med(x["ttft_s"] for x in on["turns"][t]), med(x["ttft_s"] for x in off["turns"][t])
+            t_alone = med(on["alone"][t])
+            print(f"| {t + 1} | {med(x['prompt_tokens'] for x in on['turns'][t]):.0f} | {t_on * 1000:.0f} "
+                  f"| {t_off * 1000:.0f} | {t_off / t_on:.2f}x | {t_alone * 1000:.0f} | {t_on / t_alone:.2f}x |")
     reuse = {}
     for mode in ("plain", "spec"):
         rows = [x for turn in results[f"{mode}-cache"]["turns"] for x in turn]
