@@ -3,15 +3,15 @@
 Counters of finished requests (tokens, speculative drafts and accepted tokens, by position as vLLM's
 ``spec_decode_num_accepted_tokens_per_pos``), histograms of time to first token and between tokens, and gauges read
 at each scrape (requests running and waiting, KV blocks in use), and the prefix cache's queries and hits in tokens
-(vLLM's ``prefix_cache_queries`` and ``prefix_cache_hits``, brought up to the cache's own counts at each scrape and
-finished request). Each :class:`ServerMetrics` has its own registry.
+(vLLM's ``prefix_cache_queries`` and ``prefix_cache_hits``: counters read from the cache's own counts at each
+scrape). Each :class:`ServerMetrics` has its own registry.
 """
 
-import threading
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import CounterMetricFamily
 
 from .backend import Finished
 
@@ -49,10 +49,7 @@ class ServerMetrics:
         self.accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
         self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted at each draft position.", ["position"])
-        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        self._prefix_cache, self._prefix_seen = prefix_cache, (0, 0)
-        self._prefix_lock = threading.Lock()  # request threads and scrapes bring the counters up to date
+        registry.register(_PrefixCacheCounters(model, prefix_cache))
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Seconds from arrival to the first token.",
                               labels, buckets=TTFT_BUCKETS, registry=registry)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Seconds between consecutive tokens.",
@@ -72,7 +69,6 @@ class ServerMetrics:
     def finished(self, finished: Finished, reason: str) -> None:
         """Count a finished request (``reason``: its OpenAI ``finish_reason``, or ``abort`` for a client gone)."""
         m = self.model
-        self._count_prefix_cache()
         self.prompt_tokens.labels(m).inc(finished.prompt_tokens)
         self.generation_tokens.labels(m).inc(finished.completion_tokens)
         self.requests.labels(m, reason).inc()
@@ -85,13 +81,21 @@ class ServerMetrics:
         for position, accepted in enumerate(spec.accepted_per_position):
             self.accepted_per_pos.labels(m, str(position)).inc(accepted)
 
-    def _count_prefix_cache(self) -> None:
-        with self._prefix_lock:
-            queries, hits = self._prefix_cache()
-            self.prefix_queries.labels(self.model).inc(max(0, queries - self._prefix_seen[0]))
-            self.prefix_hits.labels(self.model).inc(max(0, hits - self._prefix_seen[1]))
-            self._prefix_seen = (max(queries, self._prefix_seen[0]), max(hits, self._prefix_seen[1]))
-
     def exposition(self) -> bytes:
-        self._count_prefix_cache()
         return generate_latest(self.registry)
+
+
+class _PrefixCacheCounters:
+    """``prefix_cache_queries`` and ``prefix_cache_hits``: counters whose values are the prefix cache's own counts,
+    read at each scrape (a Prometheus custom collector)."""
+
+    def __init__(self, model: str, read: Callable[[], tuple]):
+        self.model, self.read = model, read
+
+    def collect(self):
+        queries, hits = self.read()
+        for name, doc, value in (("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", queries),
+                                 ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", hits)):
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric([self.model], value)
+            yield family
