@@ -363,7 +363,7 @@ class PagedRunner(Runner):
         try:
             for seq, tokens in parts:
                 taken.append((seq, seq.reserve(seq.length + len(tokens))))
-                seq.own_from(seq.length)
+                seq.own_from(seq.length, seq.length + len(tokens))
         except KVBudgetError:
             for seq, blocks in taken:
                 seq.release(blocks)
@@ -470,15 +470,16 @@ class PagedSequence(Runner):
         self.blocks += taken
         return taken
 
-    def own_from(self, position: int) -> None:
-        """Make every block this sequence holds from ``position`` on its own before a pass writes there: a block
-        that is cached or held by another sequence is replaced by a copy (copy on write).
+    def own_from(self, start: int, end: int) -> None:
+        """Make the blocks holding positions ``start`` to ``end - 1`` this sequence's own before a pass writes
+        there (they are held already, :meth:`reserve`): a block that is cached or held by another sequence is
+        replaced by a copy (copy on write).
 
         Raises:
             KVBudgetError: no block is left for a copy (the blocks copied so far stay copied).
         """
         pool = self.runner.prefix_cache
-        for i in range(position // self.block_size, len(self.blocks)):
+        for i in range(start // self.block_size, -(-end // self.block_size)):
             if pool.shared(self.blocks[i]):
                 old, self.blocks[i] = self.blocks[i], self.runner._copy_block(self.blocks[i])
                 pool.release([old])
