@@ -74,7 +74,10 @@ def test_edit_prompts_quote_pinned_stdlib_sources():
 
 def test_system_names_are_checked():
     assert "hf-assisted" not in parse_systems(None, has_draft=False)
-    assert parse_systems(None, has_draft=True) == [n for n in ALL_SYSTEMS if unavailable(n) is None]
+    assert parse_systems(None, has_draft=True, has_head=True) == [n for n in ALL_SYSTEMS if unavailable(n) is None]
+    assert "xpuspec-spec:eagle3" not in parse_systems(None, has_draft=True)
+    with pytest.raises(ValueError, match="xpuspec-spec:eagle3 needs an EAGLE-3 head: add --head FOLDER"):
+        parse_systems("xpuspec,xpuspec-spec:eagle3", has_draft=True)
     with pytest.raises(ValueError, match="Unknown system 'vllm'; valid systems: hf, hf-assisted"):
         parse_systems("hf,vllm", has_draft=False)
     with pytest.raises(ValueError, match="need a draft model"):
@@ -98,16 +101,21 @@ def test_system_names_are_checked():
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
-    """Every system on a tiny target (4 layers, so layer-skip has middle layers) with a tiny draft:
-    2 prompts x 2 repeats, 8 tokens, in its own cache."""
+    """Every system on a tiny target (4 layers, so layer-skip has middle layers) with a tiny draft and a random
+    EAGLE-3 head: 2 prompts x 2 repeats, 8 tokens, in its own cache."""
+    from transformers import AutoConfig
+
+    from xpuspec.speculative.eagle3 import new_head
+
     root = tmp_path_factory.mktemp("bench")
     target, draft = tiny_model(root / "target", seed=1, layers=4), tiny_model(root / "draft", seed=2)
+    head = new_head(AutoConfig.from_pretrained(target), root / "head", layer_ids=[1, 2, 3])
     old = os.environ.get("XPUSPEC_CACHE")
     os.environ["XPUSPEC_CACHE"] = str(root / "cache")
     try:
         settings = BenchSettings(model=str(target), draft=str(draft), systems=list(SYSTEMS), max_new_tokens=8,
                                  repeats=2, num_assistant_tokens=3, draft_vocab_size=8, draft_context_length=3,
-                                 bandwidth=10e9)
+                                 bandwidth=10e9, head=str(head))
         yield run(settings, progress=False, log_dir=root / "logs", prompts=TINY_PROMPTS)
     finally:
         if old is None:
@@ -296,7 +304,7 @@ def test_ci_smoke_all_systems_on_smollm2(smollm2_path, tmp_path):
     """CI: 2 prompts, 8 tokens, SmolLM2, every system (SmolLM2 drafts for itself). Shape only. One system is
     loaded at a time (--interleave repeat): the 16 workers loaded together peak at 19.3 GiB, which on a 24 GiB
     machine next to the test process took this test from 205 s alone to 484 s in the suite."""
-    runnable = [n for n in ALL_SYSTEMS if unavailable(n) is None]  # the default --systems
+    runnable = parse_systems(None, has_draft=True)  # the default --systems with --draft and no --head
     out = tmp_path / "smoke.json"
     done = _cli(f"@{ROOT / 'benchmarks' / 'ci-smoke.args'}", "--json", str(out), "--plot", str(tmp_path / "smoke.png"))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab-size", type=int, default=32000)
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--continue-tokens", type=int, default=128, metavar="N",
-                   help="train on each sequence's first half continued by the model itself for N tokens "
+                   help="train on pieces of the text continued by the model itself for up to N tokens "
                         "(self-distillation; 0: the text as it is; default 128)")
     p.set_defaults(run=_train_draft)
 

@@ -62,6 +62,7 @@ class BenchSettings:
         bandwidth: read bandwidth in bytes/s to use instead of measuring it.
         tie_tolerance: top-2 logit margin under which an output divergence counts as a tie.
         competing_load: busy-loop processes run beside the measured systems (:mod:`xpuspec.bench.load`; 0: none).
+        head: the EAGLE-3 head folder ``xpuspec-spec:eagle3`` drafts with (``None``: that system cannot run).
     """
 
     model: str = DEFAULT_MODEL
@@ -82,11 +83,12 @@ class BenchSettings:
     bandwidth: Optional[float] = None
     tie_tolerance: float = 1e-3
     competing_load: int = 0
+    head: Optional[str] = None
 
     def check(self) -> None:
         """Raises ValueError on a bad combination, naming the option."""
         if not self.systems:
-            self.systems = parse_systems(None, self.draft is not None)
+            self.systems = parse_systems(None, self.draft is not None, self.head is not None)
         if self.baseline is None:
             self.baseline = "genai" if "genai" in self.systems else self.systems[0]
         if self.baseline not in self.systems:
@@ -232,7 +234,7 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
                   draft_low_bit=settings.draft_low_bit, kv_cache_precision=settings.kv_cache_precision,
                   num_assistant_tokens=settings.num_assistant_tokens, cost_model=settings.cost_model,
                   draft_vocab_size=settings.draft_vocab_size, draft_context_length=settings.draft_context_length,
-                  **{"hf_path": None, **_source_folders(settings)})
+                  head=settings.head, **{"hf_path": None, **_source_folders(settings)})
     shared = settings.interleave == "prompt"
     references, outputs, systems_info = {}, [], {}
     load_start = load_average()
@@ -377,6 +379,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"target model (default {DEFAULT_MODEL})")
     p.add_argument("--draft", default=None, help="draft model for hf-assisted, genai-spec and xpuspec-spec:draft/hybrid "
                                                   "(default: OpenVINO drafts are a low-bit copy of the target)")
+    p.add_argument("--head", default=None, metavar="FOLDER",
+                   help="EAGLE-3 head (Speculators format, e.g. from `xpuspec train-draft`) for xpuspec-spec:eagle3")
     p.add_argument("--low-bit", default="int8_asym", help="target IR weight format (default int8_asym)")
     p.add_argument("--draft-low-bit", default="int4_sym", help="draft IR weight format (default int4_sym)")
     p.add_argument("--systems", default=None,
@@ -459,7 +463,8 @@ def main(args: argparse.Namespace) -> int:
         return _batched(args)
     settings = BenchSettings(
         model=args.model, draft=args.draft, low_bit=args.low_bit.lower(), draft_low_bit=args.draft_low_bit.lower(),
-        systems=parse_systems(args.systems, args.draft is not None), baseline=args.baseline, prompts=args.prompts,
+        systems=parse_systems(args.systems, args.draft is not None, args.head is not None), baseline=args.baseline,
+        prompts=args.prompts, head=args.head,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, interleave=args.interleave,
         kv_cache_precision=None if args.kv_cache_precision == "default" else args.kv_cache_precision,
         num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,

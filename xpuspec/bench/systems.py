@@ -52,6 +52,7 @@ class Setup:
         draft_vocab_size: ``SpeculativeConfig.draft_vocab_size`` of xpuspec's draft models (``None``: its default).
         draft_context_length: ``SpeculativeConfig.draft_context_length`` of xpuspec's draft models (``None``: its
             default).
+        head: an EAGLE-3 head folder (Speculators format) for ``xpuspec-spec:eagle3``, or ``None``.
     """
 
     model: str
@@ -67,6 +68,7 @@ class Setup:
     cost_model: bool = True
     draft_vocab_size: Optional[int] = None
     draft_context_length: Optional[int] = None
+    head: Optional[str] = None
 
     def ov_properties(self) -> Dict[str, object]:
         """OpenVINO compile properties given to every OpenVINO system alike (:func:`ov_properties`)."""
@@ -170,6 +172,7 @@ class System:
         family: ``"hf"`` or ``"ir"``: whose weights it runs, and so which plain greedy output audits it.
         speculative: whether it drafts.
         needs_draft: it cannot run without ``--draft``.
+        needs_head: it cannot run without ``--head`` (an EAGLE-3 head).
         weight_bytes: bytes of target weights read per plain decode step (set by ``load``).
     """
 
@@ -177,6 +180,7 @@ class System:
     family = "ir"
     speculative = False
     needs_draft = False
+    needs_head = False
     #: ``(module, pip requirement)`` of an optional package the system runs on, or ``None``.
     requires: Optional[Tuple[str, str]] = None
 
@@ -349,9 +353,9 @@ class XpuspecSystem(System):
     """
 
     MODES = {"self": "self", "layer-skip": "layer_skip", "lookup": "prompt_lookup", "hybrid": "hybrid", "draft": "draft",
-             "suffix": "suffix", "suffix-hybrid": "suffix_hybrid"}
-    #: Modes without a draft model.
-    FREE = ("prompt_lookup", "suffix")
+             "suffix": "suffix", "suffix-hybrid": "suffix_hybrid", "eagle3": "eagle3"}
+    #: Modes without a draft model (an EAGLE-3 head is not one: it has no vocabulary or context options).
+    FREE = ("prompt_lookup", "suffix", "eagle3")
     #: Modes whose draft is not the --draft-low-bit copy (layer-skip drafts in the target's own format).
     OWN_FORMAT = FREE + ("layer_skip",)
     #: The second device of the overlapped and pipeline systems.
@@ -374,6 +378,7 @@ class XpuspecSystem(System):
         if mode:
             k = {"num_assistant_tokens": self.setup.num_assistant_tokens} if self.setup.num_assistant_tokens else {}
             draft = self.setup.draft if mode in ("draft", "hybrid", "suffix_hybrid") else None
+            draft = self.setup.head if mode == "eagle3" else draft
             spec = SpeculativeConfig(mode=mode, draft=draft, cost_model=self.setup.cost_model, **k,
                                      draft_vocab_size=None if mode in self.FREE else self.setup.draft_vocab_size,
                                      draft_context_length=None if mode in self.FREE
@@ -516,8 +521,8 @@ def unavailable(name: str) -> Optional[str]:
     return f"{name} needs {needs[0]}, which is not installed: pip install '{needs[1]}'"
 
 
-def _spec(cls, needs_draft=False):
-    return type(cls.__name__, (cls,), {"speculative": True, "needs_draft": needs_draft})
+def _spec(cls, needs_draft=False, needs_head=False):
+    return type(cls.__name__, (cls,), {"speculative": True, "needs_draft": needs_draft, "needs_head": needs_head})
 
 
 #: Every system by name.
@@ -537,6 +542,7 @@ SYSTEMS = {
     "xpuspec-spec:suffix": _spec(XpuspecSystem),
     "xpuspec-spec:suffix-hybrid": _spec(XpuspecSystem),
     "xpuspec-spec:draft": _spec(XpuspecSystem, needs_draft=True),
+    "xpuspec-spec:eagle3": _spec(XpuspecSystem, needs_head=True),
     "xpuspec-overlap:self": _spec(XpuspecSystem),
     "xpuspec-overlap:draft": _spec(XpuspecSystem, needs_draft=True),
     "xpuspec-pp2": XpuspecSystem,
@@ -552,16 +558,17 @@ def make(name: str, setup: Setup) -> System:
     return SYSTEMS[name](name, setup)
 
 
-def parse_systems(text: Optional[str], has_draft: bool) -> List[str]:
+def parse_systems(text: Optional[str], has_draft: bool, has_head: bool = False) -> List[str]:
     """Parse ``--systems`` (comma-separated names; ``None``: every system that can run, leaving out those whose
     optional package is not installed).
 
     Raises:
         ValueError: an unknown or repeated name (the message lists the valid ones), a system
-            that needs ``--draft`` without one, or one whose optional package is not installed (:func:`unavailable`).
+            that needs ``--draft`` (or ``--head``) without one, or one whose optional package is not installed (:func:`unavailable`).
     """
     if text is None:
-        return [n for n, cls in SYSTEMS.items() if (has_draft or not cls.needs_draft) and unavailable(n) is None]
+        return [n for n, cls in SYSTEMS.items() if (has_draft or not cls.needs_draft)
+                and (has_head or not cls.needs_head) and unavailable(n) is None]
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown or not names:
@@ -576,4 +583,8 @@ def parse_systems(text: Optional[str], has_draft: bool) -> List[str]:
     drafted = [n for n in names if SYSTEMS[n].needs_draft]
     if drafted and not has_draft:
         raise ValueError(f"{', '.join(drafted)} need a draft model: add --draft NAME (e.g. --draft qwen2.5-coder-0.5b-instruct).")
+    headed = [n for n in names if SYSTEMS[n].needs_head]
+    if headed and not has_head:
+        raise ValueError(f"{', '.join(headed)} needs an EAGLE-3 head: add --head FOLDER (one `xpuspec train-draft` "
+                         "wrote, or a Speculators checkpoint).")
     return names
