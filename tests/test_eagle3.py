@@ -228,6 +228,27 @@ def test_greedy_identity_and_taps_of_accepted_positions(tiny_target, tmp_path):
         Eagle3Drafter.end = ends
 
 
+def test_a_head_drafts_the_chain_it_was_trained_for_unless_told(tiny_target, tmp_path, monkeypatch):
+    """The head's ``speculative_tokens`` (2 here; the default for other drafters is 4) is the chain length asked
+    for, as vLLM reads it; ``num_assistant_tokens`` overrides it."""
+    from transformers import AutoConfig
+
+    from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+    from xpuspec.speculative.config import DEFAULT_ASSISTANT_TOKENS
+    from xpuspec.speculative.eagle3_drafter import Eagle3Drafter
+
+    head = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head", speculative_tokens=2)
+    asked, propose = [], Eagle3Drafter.propose
+    monkeypatch.setattr(Eagle3Drafter, "propose", lambda self, widths: asked.append(widths.model) or propose(self, widths))
+    for given, want in ((None, 2), (3, 3)):
+        spec = SpeculativeConfig(mode="eagle3", draft=str(head), cost_model=False, num_assistant_tokens=given,
+                                 num_assistant_tokens_schedule="constant")
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_target), device="cpu", backend="torch", speculative=spec)
+        asked.clear()
+        model.generate(torch.tensor([[1, 4, 5, 6]]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert asked and max(asked) == want != DEFAULT_ASSISTANT_TOKENS, asked
+
+
 def test_eagle3_mode_needs_a_head_and_refuses_draft_options(tiny_target, tmp_path):
     from xpuspec import SpeculativeConfig
     from xpuspec.errors import SpeculativeConfigError
