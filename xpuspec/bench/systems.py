@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 from ..speculative.audit import top2_margins
 
 #: Draft lengths used when ``--num-assistant-tokens`` is not given: each tool's documented example value.
-DEFAULT_K = {"hf-lookup": 10, "genai-spec": 3, "genai-lookup": 5, "llamacpp-lookup": 10}
+DEFAULT_K = {"hf-lookup": 10, "genai-spec": 3, "genai-lookup": 5, "genai-eagle3": 3, "llamacpp-lookup": 10}
 #: n-gram size openvino_genai's prompt lookup matches (its sample's value).
 GENAI_MAX_NGRAM = 3
 #: KV-cache precision of every OpenVINO system unless ``--kv-cache-precision`` says otherwise: exact comparisons.
@@ -297,7 +297,8 @@ class OptimumSystem(TransformersSystem):
 
 class GenAISystem(System):
     """``openvino_genai.LLMPipeline`` on the target IR: plain (``genai``), with ``draft_model`` = the
-    draft IR (``genai-spec``), or with ``prompt_lookup=True`` (``genai-lookup``). Prompts go in as
+    draft IR (``genai-spec``), with ``prompt_lookup=True`` (``genai-lookup``), or with the ``--head`` made into
+    genai's EAGLE-3 draft IR (``genai-eagle3``, :mod:`xpuspec.bench.genai_eagle3`). Prompts go in as
     token ids, so no chat template is applied. Its prefix cache is off: the warm-up call and the
     repeats send the same prompts, and a cached prompt would skip its prefill); prompts are computed in
     one pass, as xpuspec's are."""
@@ -316,6 +317,15 @@ class GenAISystem(System):
             settings.update(draft_ir=self.setup.draft_ir)
         elif self.name == "genai-lookup":
             extra["prompt_lookup"] = True
+        elif self.name == "genai-eagle3":
+            from .genai_eagle3 import draft_ir
+
+            if self.setup.hf_path is None:
+                raise RuntimeError("genai-eagle3 needs the target's transformers folder (the head's embeddings and "
+                                   "config), not an IR folder alone.")
+            eagle = draft_ir(self.setup.head, self.setup.hf_path, self.setup.ir)
+            extra["draft_model"] = openvino_genai.draft_model(str(eagle), "CPU", **props)
+            settings.update(head=self.setup.head, draft_ir=str(eagle))
         self.pipe = openvino_genai.LLMPipeline(self.setup.ir, "CPU", **extra, **props)
         self.weight_bytes = _ir_bytes(self.setup.ir)
         self.config = self.pipe.get_generation_config()
@@ -534,6 +544,7 @@ SYSTEMS = {
     "genai": GenAISystem,
     "genai-spec": _spec(GenAISystem),
     "genai-lookup": _spec(GenAISystem),
+    "genai-eagle3": _spec(GenAISystem, needs_head=True),
     "xpuspec": XpuspecSystem,
     "xpuspec-spec:self": _spec(XpuspecSystem),
     "xpuspec-spec:layer-skip": _spec(XpuspecSystem),
