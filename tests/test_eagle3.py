@@ -249,6 +249,34 @@ def test_a_head_drafts_the_chain_it_was_trained_for_unless_told(tiny_target, tmp
         assert asked and max(asked) == want != DEFAULT_ASSISTANT_TOKENS, asked
 
 
+def test_sampling_with_a_head_follows_the_targets_distribution(tiny_target, tmp_path):
+    """Rejection sampling with the head's probabilities: the 2nd and 3rd sampled tokens (the first drafted round)
+    have the joint distribution of plain sampling (TV over the 16 x 16 pairs, N=1500 each; the null is about 0.05),
+    and the head's drafts are accepted in some rounds (the acceptance branch runs, not only the rejection one)."""
+    from test_verify import tv
+    from tiny import WORDS
+    from transformers import AutoConfig
+
+    head = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head", seed=5)
+    model = _eagle3_model(tiny_target, head)
+    ids = torch.tensor([[1, 5, 6]])
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=True, temperature=0.8, top_p=0.95)
+
+    def pair_counts(**extra):
+        counts, accepted = torch.zeros(len(WORDS) ** 2), 0
+        for _ in range(1500):
+            a, b = model.generate(input_ids=ids, **kwargs, **extra)[0, 4:6].tolist()
+            counts[a * len(WORDS) + b] += 1
+            accepted += model.last_generate_stats.accepted_tokens
+        return counts, accepted
+
+    torch.manual_seed(0)
+    plain, _ = pair_counts(speculative=False)
+    spec, accepted = pair_counts()
+    assert accepted > 50
+    assert tv(plain, spec) < 0.12
+
+
 def test_eagle3_mode_needs_a_head_and_refuses_draft_options(tiny_target, tmp_path):
     from xpuspec import SpeculativeConfig
     from xpuspec.errors import SpeculativeConfigError
