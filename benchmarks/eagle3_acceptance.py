@@ -1,0 +1,89 @@
+"""How well an EAGLE-3 head drafts for its target on the bench's held-out prompt sets, at a fixed chain length.
+
+For each set (``heldout``: news reports, ``code``: HumanEval, ``prose``: Python's documentation topics; none of them
+in ``benchmarks/eagle3_corpus.py``'s training corpus) it generates greedily with the head drafting ``--k`` tokens
+every round (constant schedule, cost model off) and plainly, and prints:
+- whether every output equals the plain greedy output;
+- the mean accepted length: new tokens after the first per target pass (the bonus token included, as vLLM counts);
+- the acceptance per draft position (the rounds that accepted a draft there over those that judged one);
+- where a round's time goes: drafting (the head) against verifying (the target), per round.
+
+Usage::
+
+    PYTHONPATH=.:plugins python benchmarks/eagle3_acceptance.py --head DIR [--model smollm2-135m-instruct]
+        [--sets heldout:8,code:8,prose:8] [--k 4] [--max-new-tokens 64]
+"""
+
+import argparse
+import json
+import time
+
+import torch
+
+from xpuspec import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
+from xpuspec.bench.load import load_average
+from xpuspec.bench.prompts import parse_prompt_spec, select
+
+
+def measure(model, plain, tokenizer, prompts, new_tokens: int) -> dict:
+    same, tokens, passes, judged, accepted, draft_s, verify_s, rounds = 0, 0, 0, [], [], 0.0, 0.0, 0
+    for text in prompts:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        want = plain.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        got = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        same += got.tolist() == want.tolist()
+        stats = model.last_generate_stats
+        tokens += stats.new_tokens - 1
+        passes += stats.target_forwards - 1
+        counts = stats.acceptance_counts
+        for i, (j, a) in enumerate(zip(counts.judged, counts.accepted)):
+            if i == len(judged):
+                judged.append(0.0)
+                accepted.append(0.0)
+            judged[i] += j
+            accepted[i] += a
+        draft_s += stats.draft_s
+        verify_s += stats.verify_s
+        rounds += stats.target_forwards - 1
+    return {"prompts": len(prompts), "identical": same, "mean_accepted_length": tokens / passes,
+            "acceptance_per_position": [a / j if j else 0.0 for a, j in zip(accepted, judged)],
+            "draft_ms_per_round": 1000 * draft_s / rounds, "verify_ms_per_round": 1000 * verify_s / rounds}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head", required=True)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--low-bit", default="int8_asym")
+    parser.add_argument("--sets", default="heldout:8,code:8,prose:8")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    start_load = load_average()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    spec = SpeculativeConfig(mode="eagle3", draft=args.head, num_assistant_tokens=args.k,
+                             num_assistant_tokens_schedule="constant", cost_model=False)
+    model = AutoModelForCausalLM.from_pretrained(args.model, load_in_low_bit=args.low_bit, speculative=spec)
+    plain = AutoModelForCausalLM.from_pretrained(args.model, load_in_low_bit=args.low_bit)
+    results = {}
+    for name, prompts in select(parse_prompt_spec(args.sets)).items():
+        began = time.perf_counter()
+        results[name] = measure(model, plain, tokenizer, prompts, args.max_new_tokens)
+        results[name]["wall_s"] = time.perf_counter() - began
+    print(f"head {args.head}, target {args.model} {args.low_bit}, k={args.k} (constant), {args.max_new_tokens} new "
+          f"tokens, torch threads {torch.get_num_threads()}, load average {start_load} -> {load_average()}\n")
+    print("| set | prompts | identical | mean accepted length | acceptance per position | draft ms / round | "
+          "verify ms / round |")
+    print("|---|---:|---:|---:|---|---:|---:|")
+    for name, r in results.items():
+        print(f"| {name} | {r['prompts']} | {r['identical']} | {r['mean_accepted_length']:.2f} | "
+              f"{', '.join(f'{a:.2f}' for a in r['acceptance_per_position'])} | {r['draft_ms_per_round']:.1f} | "
+              f"{r['verify_ms_per_round']:.1f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
