@@ -78,6 +78,11 @@ def test_system_names_are_checked():
     assert "xpuspec-spec:eagle3" not in parse_systems(None, has_draft=True)
     with pytest.raises(ValueError, match="xpuspec-spec:eagle3 needs an EAGLE-3 head: add --head FOLDER"):
         parse_systems("xpuspec,xpuspec-spec:eagle3", has_draft=True)
+    from xpuspec.bench.batch import parse_batch_systems
+
+    assert "xpuspec-eagle3" not in parse_batch_systems(None) and "xpuspec-eagle3" in parse_batch_systems(None, True)
+    with pytest.raises(ValueError, match="xpuspec-eagle3 needs an EAGLE-3 head"):
+        parse_batch_systems("xpuspec-plain,xpuspec-eagle3")
     with pytest.raises(ValueError, match="Unknown system 'vllm'; valid systems: hf, hf-assisted"):
         parse_systems("hf,vllm", has_draft=False)
     with pytest.raises(ValueError, match="need a draft model"):

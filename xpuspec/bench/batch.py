@@ -30,8 +30,8 @@ from .systems import ov_properties
 
 #: OpenVINO properties both tools get: the single-request bench's CPU pinning (:func:`.systems.ov_properties`).
 OV_PROPERTIES = {"ENABLE_CPU_PINNING": ov_properties(None)["ENABLE_CPU_PINNING"]}
-SYSTEMS = ("xpuspec-plain", "xpuspec-lookup", "xpuspec-draft", "xpuspec-hybrid", "genai-cb", "genai-cb-lookup",
-           "genai-cb-draft")
+SYSTEMS = ("xpuspec-plain", "xpuspec-lookup", "xpuspec-draft", "xpuspec-hybrid", "xpuspec-eagle3", "genai-cb",
+           "genai-cb-lookup", "genai-cb-draft")
 PROMPTS = [
     "def quicksort(items):\n    \"\"\"Sort a list of numbers and return the sorted list.\"\"\"\n",
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -57,6 +57,8 @@ def _xpuspec(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
     if system in ("xpuspec-draft", "xpuspec-hybrid"):
         mode = "hybrid" if system == "xpuspec-hybrid" else "draft" if args.draft else "self"
         spec = SpeculativeConfig(mode=mode, draft=args.draft, draft_low_bit=args.draft_low_bit)
+    elif system == "xpuspec-eagle3":
+        spec = SpeculativeConfig(mode="eagle3", draft=args.head)
     model = AutoModelForCausalLM.from_pretrained(args.model, device="cpu", load_in_low_bit=args.low_bit,
                                                  speculative=spec, ov_config=dict(OV_PROPERTIES))
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -143,6 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="draft model (default: the target's --draft-low-bit self-draft)")
     parser.add_argument("--low-bit", default="int8_asym", help="target IR weight format (default int8_asym)")
     parser.add_argument("--draft-low-bit", default="int4_sym", help="draft IR weight format (default int4_sym)")
+    parser.add_argument("--head", default=None, metavar="FOLDER", help="EAGLE-3 head of xpuspec-eagle3")
     parser.add_argument("--batch-size", default="1,4,8", help="comma-separated batch sizes (default 1,4,8)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
@@ -166,16 +169,19 @@ def parse_sizes(text: str) -> List[int]:
     return sizes
 
 
-def parse_batch_systems(text: Optional[str]) -> List[str]:
-    """The systems to run: ``text`` split at commas, or all of them.
+def parse_batch_systems(text: Optional[str], has_head: bool = False) -> List[str]:
+    """The systems to run: ``text`` split at commas, or all of them (``xpuspec-eagle3`` only with a head).
 
     Raises:
-        ValueError: a name is not a batched system.
+        ValueError: a name is not a batched system, or ``xpuspec-eagle3`` without ``--head``.
     """
-    names = list(SYSTEMS) if text is None else [n.strip() for n in text.split(",") if n.strip()]
+    names = [n for n in SYSTEMS if has_head or n != "xpuspec-eagle3"] if text is None else \
+        [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown or not names:
         raise ValueError(f"--systems {text!r}: with --batch-size the systems are {', '.join(SYSTEMS)}.")
+    if "xpuspec-eagle3" in names and not has_head:
+        raise ValueError("xpuspec-eagle3 needs an EAGLE-3 head: add --head FOLDER.")
     return names
 
 
@@ -189,7 +195,7 @@ def sweep(args: argparse.Namespace) -> List[dict]:
         ValueError: bad batch sizes, systems or rounds.
     """
     parse_sizes(args.batch_size)
-    systems = parse_batch_systems(args.systems)
+    systems = parse_batch_systems(args.systems, args.head is not None)
     if args.rounds < 1:
         raise ValueError(f"--rounds {args.rounds}: give 1 or more.")
     rounds = {system: [] for system in systems}
@@ -198,7 +204,8 @@ def sweep(args: argparse.Namespace) -> List[dict]:
             cmd = [sys.executable, "-m", "xpuspec.bench.batch", "--system", system, "--model", args.model,
                    "--low-bit", args.low_bit, "--draft-low-bit", args.draft_low_bit,
                    "--batch-size", args.batch_size, "--max-new-tokens", str(args.max_new_tokens),
-                   "--repeats", str(args.repeats)] + (["--draft", args.draft] if args.draft else [])
+                   "--repeats", str(args.repeats)] + (["--draft", args.draft] if args.draft else []) \
+                + (["--head", args.head] if args.head else [])
             start = load_average()
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
