@@ -102,6 +102,10 @@ def test_prompt_lookup_output_is_plain_output(smollm2_path, tokenizer, fmt, grou
 @pytest.mark.parametrize("cell", OTHER_CELLS, ids=[f"{f}-{g}-{d}" for (f, g), d in OTHER_CELLS])
 def test_speculative_output_is_plain_output(smollm2_path, tokenizer, cell):
     (fmt, group), drafter = cell
+    if drafter == "layer_skip":  # the target drafting for itself without its calibrated layers, in its own format
+        target = _target(MODEL, fmt, group, drafter)
+        kept = target.draft_model.config.num_hidden_layers
+        assert 0 < kept < target.config.num_hidden_layers and target.draft_model.low_bit.format == fmt
     _audit_cell(MODEL, tokenizer, fmt, group, drafter, PROMPTS_8)
 
 
