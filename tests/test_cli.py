@@ -17,6 +17,21 @@ def _cli(*args, env=None):
                           env={**os.environ, **(env or {})})
 
 
+def _main(capsys, monkeypatch, *args):
+    """``xpuspec ARGS`` in this process (``xpuspec.cli.main``, what ``python -m xpuspec`` runs): its exit status and
+    stderr. The process-wide verbosity settings are left alone; the subprocess tests above and below cover the
+    entry point itself (test_npu_absent_gives_a_clear_error: exit 2, one line, no traceback)."""
+    from xpuspec import cli
+
+    monkeypatch.setattr(cli, "_set_verbosity", lambda level, log_level: None)
+    capsys.readouterr()
+    try:
+        status = cli.main(list(args))
+    except SystemExit as exc:  # argparse's own refusals
+        status = exc.code
+    return status, capsys.readouterr().err
+
+
 def test_devices_lists_cpu_for_both_backends():
     done = _cli("devices")
     assert done.returncode == 0
@@ -41,7 +56,7 @@ def test_npu_absent_gives_a_clear_error(smollm2_path):
     assert "Traceback" not in done.stderr
 
 
-def test_bad_cli_input_gives_one_line_errors():
+def test_bad_cli_input_gives_one_line_errors(capsys, monkeypatch):
     for args, phrase in [(["generate", ""], "The prompt is empty"),
                          (["generate", "hi", "--num-assistant-tokens", "3"], "need --speculative MODE"),
                          (["generate", "hi", "--draft-vocab-size", "1024"], "need --speculative MODE"),
@@ -50,18 +65,18 @@ def test_bad_cli_input_gives_one_line_errors():
                           "draft_context_length must be an int >= 1, 0"),
                          (["generate", "hi", "--speculative", "hybrid", "--draft-vocab-size", "-3"],
                           "draft_vocab_size must be an int >= 1, 0")]:
-        done = _cli(*args)
-        assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr
+        status, err = _main(capsys, monkeypatch, *args)
+        assert status == 2 and phrase in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_bad_generation_options_are_refused_before_the_model_is_looked_up():
+def test_bad_generation_options_are_refused_before_the_model_is_looked_up(capsys, monkeypatch):
     """A model that does not exist: each error is about the option, so none waited for a model to load."""
     for args, phrase in [(["--max-new-tokens", "0"], "max_new_tokens must be at least 1"),
                          (["--do-sample", "--temperature", "0"], "needs temperature > 0"),
                          (["--do-sample", "--top-k", "-1"], "`top_k` has to be a strictly positive integer"),
                          (["--speculative", "layer-skip"], "did you mean 'layer_skip'?")]:
-        done = _cli("generate", "hi", "--model", "no-such-model", *args)
-        assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr, done.stderr
+        status, err = _main(capsys, monkeypatch, "generate", "hi", "--model", "no-such-model", *args)
+        assert status == 2 and phrase in err and "Traceback" not in err, err
 
 
 def test_ctrl_c_while_the_cli_imports_torch_exits_130_quietly():
