@@ -400,16 +400,20 @@ def test_training_resumes_to_the_same_weights(tiny_target, words_text, tmp_path,
 def test_a_trained_head_is_accepted_where_a_random_one_is_not(tiny_target, words_text, tmp_path, one_thread):
     """A head trained for 150 steps on the target's own continuations of random text (self-distillation) drafts
     tokens the target accepts in generate (49% on new prompts when written; trained on the random text itself, 1%:
-    the target's greedy output repeats, the text does not); its random initialisation, which would also pass a test
-    that only checks identity, is accepted below 1%. Fails if the head silently drafts nothing."""
+    the target's greedy output repeats, the text does not); a random head, which would also pass a test that only
+    checks identity, is accepted below 5%. (Training starts from the target's own readout, accepted 9% untrained.)
+    Fails if the head silently drafts nothing."""
     from xpuspec.speculative.eagle3_train import train_head
 
     report = train_head(str(tiny_target), [words_text], tmp_path / "head", steps=150, seq_len=32, lr=3e-3,
                         draft_vocab_size=16, checkpoint_every=50, progress=False, log=lambda *_: None,
                         continue_tokens=32)
     assert report.acceptance[0] > 0.4  # held out, teacher-forced
+    from transformers import AutoConfig
+
+    random_head = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "random", seed=1)
     rates = {}
-    for name, head in (("trained", tmp_path / "head"), ("random", tmp_path / "head" / "init")):
+    for name, head in (("trained", tmp_path / "head"), ("random", random_head)):
         model = _eagle3_model(tiny_target, head)
         drafted = accepted = 0
         for prompt in ([1, 4, 5, 6], [1, 9, 3, 12, 7], [1, 10, 11, 3], [1, 5, 5, 8, 2]):

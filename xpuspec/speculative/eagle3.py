@@ -412,11 +412,16 @@ class Eagle3Head(torch.nn.Module):
 
 def new_head(target_config, folder, draft_ids: Optional[Sequence[int]] = None, layer_ids: Optional[Sequence[int]] = None,
              speculative_tokens: int = 3, verifier: Optional[str] = None, seed: int = 0,
-             embeddings: Optional[torch.Tensor] = None, force: bool = False) -> Path:
+             embeddings: Optional[torch.Tensor] = None, force: bool = False, lm_head: Optional[torch.Tensor] = None,
+             norm: Optional[torch.Tensor] = None) -> Path:
     """Write a randomly initialised head for a target (its transformers config) in the Speculators format, as
     ``speculators`` 0.9.0 saves one: one decoder layer of the target's architecture, ``norm_before_residual``,
     ``d2t`` / ``t2d`` where ``draft_ids`` (sorted target ids) reduce the vocabulary. The start of training, and a
     head for mechanics tests. Written to a temporary folder, then renamed to ``folder``.
+
+    ``lm_head`` (the target's output matrix ``[vocab, hidden]``) and ``norm`` (its final norm's weight ``[hidden]``)
+    start the head's readout as the target's own, restricted to the draft vocabulary (as speculators starts training
+    from the verifier's ``lm_head``); otherwise they are random.
 
     Raises:
         ModelSourceError: a target architecture a head cannot be built from (see :data:`LAYER_TYPES`).
@@ -464,6 +469,10 @@ def new_head(target_config, folder, draft_ids: Optional[Sequence[int]] = None, l
         state.pop("d2t")
         embed = state.pop("embed.weight")
         state["embed_tokens.weight"] = (embeddings.float() if embeddings is not None else embed).contiguous()
+        if lm_head is not None:
+            state["lm_head.weight"] = lm_head.detach().float()[torch.tensor(draft_ids)].contiguous()
+        if norm is not None:
+            state["norm.weight"] = norm.detach().float().clone().contiguous()
         if len(draft_ids) != vocab:
             ids = torch.tensor(draft_ids, dtype=torch.long)
             state["d2t"] = ids - torch.arange(len(draft_ids))

@@ -177,7 +177,8 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
         draft_ids = _frequent_predictions(target, [sequences[i] for i in order[held:]][:64], draft_vocab_size)
         head_dir = new_head(config, out / "init", draft_ids=draft_ids, layer_ids=taps_ids,
                             speculative_tokens=ttt_steps, verifier=str(model), seed=seed,
-                            embeddings=target.get_input_embeddings().weight.detach(), force=True)
+                            embeddings=target.get_input_embeddings().weight.detach(), force=True,
+                            lm_head=target.get_output_embeddings().weight, norm=_final_norm(target))
         state = {"step": 0, "order": order, "held": held, "draft_ids": draft_ids, "head": None, "optim": None,
                  "torch_rng": None, "losses": []}
     else:
@@ -264,6 +265,12 @@ def _own_continuations(model: str, prompts: List[List[int]], tokens: int, cache:
         bar.update(len(group))
     bar.close()
     return done
+
+
+def _final_norm(target) -> Optional[torch.Tensor]:
+    """The weight of the target's last norm (before its ``lm_head``), or ``None`` where it has none by that name."""
+    norm = getattr(getattr(target, "model", None), "norm", None)
+    return None if norm is None or getattr(norm, "weight", None) is None else norm.weight
 
 
 @torch.no_grad()
