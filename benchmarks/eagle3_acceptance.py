@@ -23,31 +23,24 @@ import torch
 from xpuspec import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
 from xpuspec.bench.load import load_average
 from xpuspec.bench.prompts import parse_prompt_spec, select
+from xpuspec.generation import batch_stats
 
 
 def measure(model, plain, tokenizer, prompts, new_tokens: int) -> dict:
-    same, tokens, passes, judged, accepted, draft_s, verify_s, rounds = 0, 0, 0, [], [], 0.0, 0.0, 0
+    same, runs = 0, []
     for text in prompts:
         ids = tokenizer(text, return_tensors="pt").input_ids
         want = plain.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
         got = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
         same += got.tolist() == want.tolist()
-        stats = model.last_generate_stats
-        tokens += stats.new_tokens - 1
-        passes += stats.target_forwards - 1
-        counts = stats.acceptance_counts
-        for i, (j, a) in enumerate(zip(counts.judged, counts.accepted)):
-            if i == len(judged):
-                judged.append(0.0)
-                accepted.append(0.0)
-            judged[i] += j
-            accepted[i] += a
-        draft_s += stats.draft_s
-        verify_s += stats.verify_s
-        rounds += stats.target_forwards - 1
-    return {"prompts": len(prompts), "identical": same, "mean_accepted_length": tokens / passes,
-            "acceptance_per_position": [a / j if j else 0.0 for a, j in zip(accepted, judged)],
-            "draft_ms_per_round": 1000 * draft_s / rounds, "verify_ms_per_round": 1000 * verify_s / rounds}
+        runs.append(model.last_generate_stats)
+    counts = batch_stats(runs).acceptance_counts  # summed per position over the prompts
+    rounds = sum(s.target_forwards - 1 for s in runs)  # the target's passes after prefill
+    return {"prompts": len(prompts), "identical": same,
+            "mean_accepted_length": sum(s.new_tokens - 1 for s in runs) / rounds,
+            "acceptance_per_position": [a / j if j else 0.0 for a, j in zip(counts.accepted, counts.judged)],
+            "draft_ms_per_round": 1000 * sum(s.draft_s for s in runs) / rounds,
+            "verify_ms_per_round": 1000 * sum(s.verify_s for s in runs) / rounds}
 
 
 def main(argv=None):

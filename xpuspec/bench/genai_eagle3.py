@@ -95,7 +95,6 @@ def _optimum_model(head: Path, target_hf: Path) -> Tuple[torch.nn.Module, List[i
     if missing or unexpected:
         raise ModelSourceError(f"{head}: weights that do not fit openvino_genai's EAGLE-3 draft: missing {missing}, "
                                f"unexpected {unexpected}.")
-    model.model.d2t.copy_(state["model.d2t"].long())
     if raw.get("norm_before_residual", False):
         model.model.midlayer.forward = types.MethodType(_norm_before_residual, model.model.midlayer)
     ids = raw.get("eagle_aux_hidden_state_layer_ids")

@@ -387,8 +387,8 @@ class XpuspecSystem(System):
         spec = None
         if mode:
             k = {"num_assistant_tokens": self.setup.num_assistant_tokens} if self.setup.num_assistant_tokens else {}
-            draft = self.setup.draft if mode in ("draft", "hybrid", "suffix_hybrid") else None
-            draft = self.setup.head if mode == "eagle3" else draft
+            draft = (self.setup.head if mode == "eagle3" else
+                     self.setup.draft if mode in ("draft", "hybrid", "suffix_hybrid") else None)
             spec = SpeculativeConfig(mode=mode, draft=draft, cost_model=self.setup.cost_model, **k,
                                      draft_vocab_size=None if mode in self.FREE else self.setup.draft_vocab_size,
                                      draft_context_length=None if mode in self.FREE

@@ -16,9 +16,9 @@ the target's, given that every earlier position was accepted, teacher-forced).
 
 With ``continue_tokens`` each piece of text (``seq_len - continue_tokens`` tokens) is a prompt that the target
 continues itself (greedy, 16 prompts a batch, on xpuspec's own engine in ``continue_low_bit``), which is what the
-head will see at decode time. The target's pass
-over each sequence is computed once and kept (taps in float16 and its 32 most likely draft tokens per position,
-about 1 MB per 256-token sequence of SmolLM2), so later epochs cost only the head's steps. Not yet: chat templates
+head will see at decode time. The target's pass over each sequence is computed once and kept (taps in float16 and
+its 32 most likely draft tokens per position, about 1 MB per 256-token sequence of SmolLM2), so later epochs cost
+only the head's steps. Not yet: chat templates
 for chat datasets, batches of several sequences per step, and taps from a target faster than float32 torch.
 """
 
@@ -140,8 +140,8 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
 
     ``continue_tokens`` > 0: each sequence is a ``seq_len - continue_tokens``-token piece of the text followed by the
     target's own greedy continuation of up to that many tokens (self-distillation on the target's outputs: a head
-    trained on the target's own text is accepted far more often, see ``tests/test_eagle3.py``); the continuations are kept in ``out`` and reused by a
-    resumed run.
+    trained on the target's own text is accepted far more often, see ``tests/test_eagle3.py``); the continuations
+    are kept in ``out`` and reused by a resumed run.
 
     Raises:
         ModelSourceError: no text, or a target architecture a head cannot be built from.
@@ -224,7 +224,7 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     bar.close()
     head.eval()
     acceptance = evaluate(head, target, [torch.tensor(sequences[i]) for i in state["order"][:state["held"]]],
-                          taps_ids, draft_ids, ttt_steps)
+                          taps_ids, ttt_steps)
     _save(head, head_dir, out)
     loss = sum(state["losses"]) / max(1, len(state["losses"]))
     log(f"held-out acceptance per position: {', '.join(f'{a:.3f}' for a in acceptance)}")
@@ -240,13 +240,13 @@ def _own_continuations(model: str, prompts: List[List[int]], tokens: int, cache:
     from tqdm.auto import tqdm
 
     from .. import AutoModelForCausalLM
+    from ..generation import eos_ids
 
     done = json.loads(cache.read_text()) if cache.is_file() else []
     if len(done) >= len(prompts):
         return done
     target = AutoModelForCausalLM.from_pretrained(model, load_in_low_bit=low_bit)
-    eos = target.generation_config.eos_token_id
-    stops = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    stops = set(eos_ids(target.generation_config))
     pad = target.generation_config.pad_token_id
     pad = next(iter(stops), 0) if pad is None else pad
     bar = tqdm(total=len(prompts), initial=len(done), desc="target's own outputs", unit="seq", disable=not progress)
@@ -287,11 +287,10 @@ def _frequent_predictions(target, sequences, size: int) -> List[int]:
 
 
 @torch.no_grad()
-def _target_pass(target, seq: torch.Tensor, taps_ids, draft_ids: torch.Tensor):
-    """The target's taps ``[m, 3H]`` and its next-token distributions on the draft vocabulary ``[m, V_d]``."""
+def _target_pass(target, seq: torch.Tensor, taps_ids):
+    """The target's taps ``[m, 3H]`` and logits ``[m, V]`` over ``seq`` (one pass)."""
     out = target(seq[None], output_hidden_states=True)
-    taps = torch.cat([out.hidden_states[i][0] for i in taps_ids], dim=-1)
-    return taps, torch.softmax(out.logits[0][:, draft_ids], dim=-1)
+    return torch.cat([out.hidden_states[i][0] for i in taps_ids], dim=-1), out.logits[0]
 
 
 @torch.no_grad()
@@ -299,7 +298,8 @@ def _teacher(target, seq: torch.Tensor, taps_ids, draft_ids: torch.Tensor, keep:
     """What a training step needs from the target's pass over ``seq``, kept small enough to hold for every
     sequence: the taps ``[m, 3H]`` (float16) and the ``keep`` most likely draft tokens' probabilities and draft ids
     ``[m, keep]`` (float16, int64)."""
-    taps, probs = _target_pass(target, seq, taps_ids, draft_ids)
+    taps, logits = _target_pass(target, seq, taps_ids)
+    probs = torch.softmax(logits[:, draft_ids], dim=-1)
     top = probs.topk(min(keep, probs.shape[-1]), dim=-1)
     return taps.half(), top.values.half(), top.indices
 
@@ -318,17 +318,18 @@ def _loss(step_logits: List[torch.Tensor], top_p: torch.Tensor, top_i: torch.Ten
 
 
 @torch.no_grad()
-def evaluate(head: Eagle3Head, target, sequences, taps_ids, draft_ids: torch.Tensor, steps: int) -> List[float]:
+def evaluate(head: Eagle3Head, target, sequences, taps_ids, steps: int) -> List[float]:
     """Held-out acceptance per draft position: the fraction of positions where the head's greedy token (mapped to
     target ids) equals the target's greedy token at this step and at every earlier one (teacher-forced)."""
     hits, seen = [0.0] * steps, [0.0] * steps
     for seq in sequences:
-        taps, _ = _target_pass(target, seq, taps_ids, draft_ids)
-        want = target(seq[None]).logits[0].argmax(-1)
+        taps, logits = _target_pass(target, seq, taps_ids)
+        want = logits.argmax(-1)
         alive = None
         for k, logits in enumerate(_head_steps(head, seq, taps, steps)):
             keep = logits.shape[0] - k
-            got = (logits[:keep].argmax(-1) + head.d2t[logits[:keep].argmax(-1)])
+            best = logits[:keep].argmax(-1)
+            got = best + head.d2t[best]
             ok = got == want[1 + k:1 + k + keep]
             alive = ok if alive is None else alive[:keep] & ok
             hits[k] += float(alive.sum())

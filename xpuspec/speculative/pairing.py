@@ -111,10 +111,10 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
         return None
     drafter, kind, draft = made
     free = kind in ("lookup", "suffix")
-    trained = drafter.head.spec.speculative_tokens if kind == "eagle3" and base.num_assistant_tokens is None else None
+    trained = drafter.head.spec.speculative_tokens if kind == "eagle3" else None
     schedule = DraftSchedule(  # an EAGLE-3 head drafts, unless told, the chain it was trained for (as vLLM reads it)
-        num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k, trained,
-                                    base.draft_length),
+        num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
+                                    base.num_assistant_tokens, trained, base.draft_length),
         schedule=_first(num_assistant_tokens_schedule, base.num_assistant_tokens_schedule,
                         "constant" if free else "heuristic"),
         confidence_threshold=_first(assistant_confidence_threshold, base.assistant_confidence_threshold),
