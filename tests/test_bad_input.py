@@ -89,12 +89,12 @@ def test_torch_module_idioms_and_cache_flags(ov_fp32):
 ])
 def test_bad_load_options_are_refused_before_the_model_loads(kwargs, error, phrase, monkeypatch):
     """The draft's settings are checked with the target's, before any model is read or compressed."""
-    import xpuspec.modeling
+    import xpuspec.loading
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model source was resolved before the options were checked")
 
-    monkeypatch.setattr(xpuspec.modeling, "resolve_source", no_load)
+    monkeypatch.setattr(xpuspec.loading, "resolve_source", no_load)
     with pytest.raises(error, match=phrase):
         AutoModelForCausalLM.from_pretrained("smollm2-135m-instruct", device="cpu", **kwargs)
 

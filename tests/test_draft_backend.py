@@ -67,14 +67,14 @@ def test_a_self_draft_in_a_format_torch_cannot_run_names_the_draft(tmp_path):
 
 
 def test_a_layer_skip_draft_that_fails_leaves_nothing_in_the_cache(tmp_path, empty_cache, monkeypatch):
-    import xpuspec.modeling
+    import xpuspec.loading
 
     folder = str(tiny_model(tmp_path / "deep", seed=5, layers=6))
 
     def refuse(target, draft):
         raise DraftMismatchError("a draft that cannot draft for this target")
 
-    monkeypatch.setattr(xpuspec.modeling, "check_draft", refuse)
+    monkeypatch.setattr(xpuspec.loading, "check_draft", refuse)
     with pytest.raises(DraftMismatchError):
         AutoModelForCausalLM.from_pretrained(folder, device="cpu", backend="torch", speculative="layer_skip")
     assert not (cache_root() / "layerskip").exists() or not any((cache_root() / "layerskip").iterdir())

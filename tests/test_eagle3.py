@@ -179,6 +179,35 @@ def test_rollback_gives_the_same_logits(tiny_target, tmp_path):
         cache.rollback(7)
 
 
+@torch.no_grad()
+def test_an_int8_head_computes_what_its_float_weights_do(tiny_target, tmp_path):
+    """A head drafts in int8 by default (``draft_low_bit='int8_sym'``): every Linear then holds int8 weights, and
+    its logits on the same entries stay within 8 bits' rounding of the float head's (max error under 3% of the
+    logits' range; a head whose weights were not converted would be exact, one converted wrongly far off).
+    ``'fp32'`` keeps the float weights; a format a head has not is refused."""
+    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+    from transformers import AutoConfig
+
+    from xpuspec.errors import SpeculativeConfigError
+
+    folder = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head", seed=4)
+    spec = read_head(folder)
+    taps = check_head(spec, 32, 16, TINY_LAYERS)
+    float_head = Eagle3Head.load(spec, taps)
+    assert float_head.quantized("fp32") is float_head and float_head.format == "fp32"
+    int8_head = Eagle3Head.load(spec, taps).quantized("int8_sym")
+    linears = [m for m in int8_head.modules() if isinstance(m, (torch.nn.Linear, Int8Linear))]
+    assert len(linears) == 9 and all(isinstance(m, Int8Linear) for m in linears), linears  # fc, 7 in the layer, lm_head
+    torch.manual_seed(2)
+    tokens, hidden = [4, 5, 6, 7, 8, 9], torch.randn(6, 96)
+    want, _ = float_head(tokens, float_head.project(hidden), float_head.new_cache())
+    got, _ = int8_head(tokens, int8_head.project(hidden), int8_head.new_cache())
+    error = float((got - want).abs().max() / (want.max() - want.min()))
+    assert 0 < error < 0.03, error
+    with pytest.raises(SpeculativeConfigError, match="drafts in 'int8_sym', 'fp32', not 'int4_sym'"):
+        Eagle3Head.load(spec, taps).quantized("int4_sym")
+
+
 def _eagle3_model(target, head, backend="torch", **config):
     from xpuspec import AutoModelForCausalLM, SpeculativeConfig
 
@@ -284,8 +313,10 @@ def test_eagle3_mode_needs_a_head_and_refuses_draft_options(tiny_target, tmp_pat
 
     with pytest.raises(SpeculativeConfigError, match="needs draft="):
         SpeculativeConfig(mode="eagle3")
-    with pytest.raises(SpeculativeConfigError, match="drop draft_low_bit="):
+    with pytest.raises(SpeculativeConfigError, match="'int4_sym' is not a format of the head"):
         SpeculativeConfig(mode="eagle3", draft="x", draft_low_bit="int4_sym")
+    with pytest.raises(SpeculativeConfigError, match="drop draft_device="):
+        SpeculativeConfig(mode="eagle3", draft="x", draft_device="gpu")
     with pytest.raises(SpeculativeConfigError, match="names its folder"):
         resolve_speculative("eagle3")
     from transformers import AutoConfig

@@ -6,7 +6,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "xpuspec"
 PLUGINS = ("xpuspec_openvino", "xpuspec_torch", "xpuspec_ipex")
 #: modules above the speculation layer: speculative/ must never import them
-ABOVE_SPECULATIVE = ("decode", "engine", "modeling", "serve", "bench", "cli", "__main__")
+ABOVE_SPECULATIVE = ("decode", "engine", "modeling", "loading", "serve", "bench", "cli", "__main__")
 
 
 def _imports(path: Path, root: Path = PACKAGE):

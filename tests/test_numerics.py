@@ -43,9 +43,9 @@ def test_finite_logits_load(tmp_path):
 
 
 def test_eval_with_nan_logits_exits_with_an_error_naming_the_format(nan_model, tmp_path, monkeypatch, capsys):
-    import xpuspec.modeling
+    import xpuspec.loading
 
-    monkeypatch.setattr(xpuspec.modeling, "check_loaded", lambda *a: None)  # as if NaN appeared only on the text
+    monkeypatch.setattr(xpuspec.loading, "check_loaded", lambda *a: None)  # as if NaN appeared only on the text
     text = tmp_path / "text.txt"
     text.write_text(" ".join(f"w{i % 13}" for i in range(300)))
     code = main(["eval", str(nan_model), "--low-bit", "fp16", "--backend", "torch", "--device", "cpu",

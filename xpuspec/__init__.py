@@ -39,7 +39,7 @@ from .sources import BUILTIN_MODELS, pull
 from .version import __version__  # noqa: F401 - the package's version
 
 #: Names imported on first use -> the submodule that defines them (they import torch).
-_LAZY = {"AutoModelForCausalLM": "modeling", "AutoTokenizer": "modeling", "XpuspecModelForCausalLM": "modeling",
+_LAZY = {"AutoModelForCausalLM": "loading", "AutoTokenizer": "loading", "XpuspecModelForCausalLM": "modeling",
          "SpeculativeConfig": "speculative.config", "evaluate": "evaluation"}
 
 __all__ = [

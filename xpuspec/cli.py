@@ -35,7 +35,7 @@ def _generate(args) -> int:
     from transformers import GenerationConfig, TextStreamer
 
     from .generation import resolve_generation_config
-    from .modeling import AutoModelForCausalLM, AutoTokenizer
+    from .loading import AutoModelForCausalLM, AutoTokenizer
 
     if not args.prompt.strip():
         raise ValueError("The prompt is empty; give some text to continue.")

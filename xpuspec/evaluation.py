@@ -239,7 +239,7 @@ def evaluate(
     from tqdm.auto import tqdm
 
     from . import corpus
-    from .modeling import AutoModelForCausalLM, AutoTokenizer
+    from .loading import AutoModelForCausalLM, AutoTokenizer
     from .numerics import check_logits
     from .sources import resolve_source
 

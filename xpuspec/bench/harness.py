@@ -213,7 +213,7 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
         BenchMemoryError: the systems loaded side by side (``--interleave prompt``) leave the machine short of
             memory (:mod:`xpuspec.bench.memory`).
     """
-    from ..modeling import AutoTokenizer
+    from ..loading import AutoTokenizer
     from . import report, roofline
 
     settings.check()

@@ -152,7 +152,7 @@ def run(args) -> int:
         raise ImportError(f"xpuspec serve needs the serve extra ({exc.name} is missing): "
                           "pip install 'xpuspec[serve]'") from None
 
-    from ..modeling import AutoModelForCausalLM, AutoTokenizer
+    from ..loading import AutoModelForCausalLM, AutoTokenizer
     from .app import create_app
     from .drain import GRACE_S, DrainingServer
     from .backend import BatchedBackend, SerialBackend

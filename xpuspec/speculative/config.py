@@ -46,7 +46,8 @@ class SpeculativeConfig:
             format, ``draft=`` its folder, fed by the target's hidden states; :mod:`xpuspec.speculative.eagle3`).
         draft: draft model path or name for ``"draft"`` (and optionally ``"hybrid"`` and ``"suffix_hybrid"``).
         draft_low_bit: weight format of the draft (default ``int4_sym`` for self-speculation, the
-            target's format for layer-skip).
+            target's format for layer-skip; for an EAGLE-3 head ``"int8_sym"`` or ``"fp32"``:
+            :data:`~xpuspec.speculative.eagle3.HEAD_FORMATS`).
         skip_layers: decoder layers the layer-skip draft leaves out (default: chosen by calibration).
         draft_device: device of the draft (default ``$XPUSPEC_DRAFT_DEVICE``, else the target's).
         num_assistant_tokens: initial draft length k per round; default 4 (transformers') with a draft
@@ -121,11 +122,16 @@ class SpeculativeConfig:
             if not self.draft:
                 raise SpeculativeConfigError("mode='eagle3' needs draft= (the folder of an EAGLE-3 head in the "
                                              "Speculators format).")
-            given = [n for n in ("draft_low_bit", "draft_device", "draft_vocab_size", "draft_context_length")
-                     if getattr(self, n)]
+            given = [n for n in ("draft_device", "draft_vocab_size", "draft_context_length") if getattr(self, n)]
             if given or self.overlap:
                 raise SpeculativeConfigError(f"mode='eagle3' drafts with a head on the CPU in torch, with its own draft "
                                              f"vocabulary: drop {'=, '.join(given or ['overlap'])}=.")
+            from .eagle3 import HEAD_FORMATS
+
+            if self.draft_low_bit is not None and self.draft_low_bit not in HEAD_FORMATS:
+                raise SpeculativeConfigError(f"mode='eagle3': draft_low_bit={self.draft_low_bit!r} is not a format of "
+                                             f"the head; use one of {', '.join(map(repr, HEAD_FORMATS))}, or drop it "
+                                             f"(default {HEAD_FORMATS[0]!r}).")
         for name in ("num_assistant_tokens", "prompt_lookup_num_tokens", "min_matching_ngram_size"):
             if getattr(self, name) is not None:  # ints, NumPy's too, kept as Python ints
                 object.__setattr__(self, name, check_count(name, getattr(self, name)))

@@ -47,6 +47,12 @@ LAYER_TYPES = ("llama", "qwen3", "qwen2", "mistral")
 _OPTIONAL = ("embed_tokens.weight", "d2t", "t2d", "input_norm.weight")
 #: Weights of a speculators checkpoint that only training uses.
 _TRAINING_ONLY = ("verifier_lm_head.weight", "verifier_norm.weight")
+#: Weight formats of a head while it drafts (``SpeculativeConfig.draft_low_bit``), the default first.
+#: ``"int8_sym"``: every Linear (``fc``, the layer's projections, ``lm_head``) holds int8 weights, one scale per output
+#: channel, and quantizes its input on each call (torch's dynamic quantization, x86/fbgemm kernels); a chain step costs
+#: about half of float32's, which reads the weights from memory four times over (``benchmarks/eagle3_cost.py
+#: --head-formats``). ``"fp32"``: the trained weights as they are. Training is always float32.
+HEAD_FORMATS = ("int8_sym", "fp32")
 
 
 def default_layer_ids(num_layers: int) -> Tuple[int, int, int]:
@@ -285,6 +291,7 @@ class Eagle3Head(torch.nn.Module):
         self.lm_head = torch.nn.Linear(hidden, spec.draft_vocab_size, bias=False)
         self.embed = torch.nn.Embedding(spec.vocab_size, hidden)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+        self.format = "fp32"  # the weights' format while drafting (:meth:`quantized`)
 
     @classmethod
     def load(cls, spec: HeadSpec, layer_ids: Sequence[int], embeddings=None) -> "Eagle3Head":
@@ -342,6 +349,34 @@ class Eagle3Head(torch.nn.Module):
                                    f"{wrong[:5]}.")
         head.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
         return head.eval()
+
+    def quantized(self, fmt: str) -> "Eagle3Head":
+        """This head in the drafting format ``fmt`` (:data:`HEAD_FORMATS`), converted in place; returns ``self``.
+
+        Raises:
+            SpeculativeConfigError: a format not in :data:`HEAD_FORMATS`, or ``"int8_sym"`` where this torch has no
+                x86 or fbgemm quantized kernels.
+        """
+        import warnings
+
+        from ..errors import SpeculativeConfigError
+
+        if fmt not in HEAD_FORMATS:
+            raise SpeculativeConfigError(f"An EAGLE-3 head drafts in {', '.join(map(repr, HEAD_FORMATS))}, not {fmt!r}.")
+        if fmt == "fp32":
+            return self
+        engines = set(torch.backends.quantized.supported_engines)
+        if not engines & {"x86", "fbgemm"}:
+            raise SpeculativeConfigError(f"draft_low_bit={fmt!r}: this torch has no x86 or fbgemm quantized kernels "
+                                         f"(it has {sorted(engines)}); use draft_low_bit='fp32'.")
+        with warnings.catch_warnings():  # torch 2.13 marks torch.ao.quantization deprecated, in favour of torchao
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+            quantize_dynamic(self, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+        self.format = fmt
+        return self
 
     def new_cache(self) -> "HeadCache":
         """An empty KV cache for one request (a head's weights serve any number of requests)."""
