@@ -281,7 +281,8 @@ def test_bench_cli_errors_are_one_line():
                          (["--batch-size", "1,0"], "give positive integers separated by commas"),
                          (["--batch-size", "4", "--systems", "genai"], "the systems are xpuspec-plain"),
                          (["--batch-size", "4", "--plot", "x.png"], "do not apply with --batch-size"),
-                         (["--batch-size", "4", "--rounds", "0"], "--rounds 0: give 1 or more")]:
+                         (["--batch-size", "4", "--rounds", "0"], "--rounds 0: give 1 or more"),
+                         (["--head", "/nonexistent/head"], "--head /nonexistent/head: ")]:
         done = _cli(*args)
         assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 

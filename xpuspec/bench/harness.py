@@ -112,6 +112,14 @@ class BenchSettings:
             raise ValueError(f"--competing-load takes a number of busy processes >= 0, not {self.competing_load!r}.")
         if self.bandwidth is not None and not self.bandwidth > 0:
             raise ValueError(f"--bandwidth must be a positive number of GB/s, not {self.bandwidth / 1e9:g}.")
+        if self.head is not None:
+            from ..errors import ModelSourceError
+            from ..speculative.eagle3 import read_head
+
+            try:
+                read_head(self.head)
+            except ModelSourceError as exc:
+                raise ValueError(f"--head {self.head}: {exc}") from None
 
 
 def _versions() -> dict:
@@ -188,7 +196,25 @@ def _source_folders(settings: BenchSettings) -> dict:
         if name is not None:
             source = resolve_source(name)
             out[key] = str(source.path) if source.kind == "hf" else None
+            if key == "hf_path" and settings.head is not None:
+                _check_head_fits(settings.head, source.config)
     return out
+
+
+def _check_head_fits(head: str, config) -> None:
+    """Refuse an EAGLE-3 head that does not fit the target before any system starts.
+
+    Raises:
+        ValueError: naming ``--head`` and each mismatch.
+    """
+    from ..errors import DraftMismatchError
+    from ..speculative.eagle3 import check_head, read_head
+
+    text = getattr(config, "text_config", None) or config
+    try:
+        check_head(read_head(head), text.hidden_size, text.vocab_size, text.num_hidden_layers)
+    except DraftMismatchError as exc:
+        raise ValueError(f"--head {head}: {exc}") from None
 
 
 def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] = None,
