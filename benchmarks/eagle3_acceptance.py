@@ -6,12 +6,14 @@ every round (constant schedule, cost model off) and plainly, and prints:
 - whether every output equals the plain greedy output;
 - the mean accepted length: new tokens after the first per target pass (the bonus token included, as vLLM counts);
 - the acceptance per draft position (the rounds that accepted a draft there over those that judged one);
-- where a round's time goes: drafting (the head) against verifying (the target), per round.
+- where a round's time goes: drafting (the head) against verifying (the target), per round;
+each for every head format of ``--head-formats`` (the head's drafting weights, ``SpeculativeConfig.draft_low_bit``),
+the formats run one after the other within each set.
 
 Usage::
 
     PYTHONPATH=.:plugins python benchmarks/eagle3_acceptance.py --head DIR [--model smollm2-135m-instruct]
-        [--sets heldout:8,code:8,prose:8] [--k 4] [--max-new-tokens 64]
+        [--sets heldout:8,code:8,prose:8] [--k 4] [--max-new-tokens 64] [--head-formats int8_sym,fp32]
 """
 
 import argparse
@@ -21,6 +23,7 @@ import time
 import torch
 
 from xpuspec import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
+from xpuspec.speculative.eagle3 import HEAD_FORMATS
 from xpuspec.bench.load import load_average
 from xpuspec.bench.prompts import parse_prompt_spec, select
 from xpuspec.generation import batch_stats
@@ -52,22 +55,28 @@ def main(argv=None):
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--head-formats", default=",".join(HEAD_FORMATS),
+                        help=f"the head's drafting formats to measure, comma-separated (of {', '.join(HEAD_FORMATS)})")
     args = parser.parse_args(argv)
     start_load = load_average()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    spec = SpeculativeConfig(mode="eagle3", draft=args.head, num_assistant_tokens=args.k,
-                             num_assistant_tokens_schedule="constant", cost_model=False)
-    model = AutoModelForCausalLM.from_pretrained(args.model, load_in_low_bit=args.low_bit, speculative=spec)
+    formats = args.head_formats.split(",")
+    models = {}
+    for fmt in formats:
+        spec = SpeculativeConfig(mode="eagle3", draft=args.head, num_assistant_tokens=args.k, draft_low_bit=fmt,
+                                 num_assistant_tokens_schedule="constant", cost_model=False)
+        models[fmt] = AutoModelForCausalLM.from_pretrained(args.model, load_in_low_bit=args.low_bit, speculative=spec)
     plain = AutoModelForCausalLM.from_pretrained(args.model, load_in_low_bit=args.low_bit)
     results = {}
     for name, prompts in select(parse_prompt_spec(args.sets)).items():
-        began = time.perf_counter()
-        results[name] = measure(model, plain, tokenizer, prompts, args.max_new_tokens)
-        results[name]["wall_s"] = time.perf_counter() - began
+        for fmt, model in models.items():
+            began = time.perf_counter()
+            results[f"{name} {fmt}"] = measure(model, plain, tokenizer, prompts, args.max_new_tokens)
+            results[f"{name} {fmt}"]["wall_s"] = time.perf_counter() - began
     print(f"head {args.head}, target {args.model} {args.low_bit}, k={args.k} (constant), {args.max_new_tokens} new "
           f"tokens, torch threads {torch.get_num_threads()}, load average {start_load} -> {load_average()}\n")
-    print("| set | prompts | identical | mean accepted length | acceptance per position | draft ms / round | "
-          "verify ms / round |")
+    print("| set, head format | prompts | identical | mean accepted length | acceptance per position | "
+          "draft ms / round | verify ms / round |")
     print("|---|---:|---:|---:|---|---:|---:|")
     for name, r in results.items():
         print(f"| {name} | {r['prompts']} | {r['identical']} | {r['mean_accepted_length']:.2f} | "
