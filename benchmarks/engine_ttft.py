@@ -6,8 +6,9 @@ Three figures on SmolLM2 int8_asym (OpenVINO paged runner, greedy):
 2. behind a long request: the same short request, sent from a second thread once a 400-token request has emitted
    its first token (before the one engine, that request held the model and the short one waited for its end);
 3. a long prompt arriving: a request decoding 200 tokens, and a prompt of ``--long-prompt`` tokens sent once it
-   runs; the decoding request's longest gap between two tokens, with chunked prefill
-   (:data:`xpuspec.batching.PREFILL_CHUNK` tokens per step) and with the prompt prefilled in one pass.
+   runs; the decoding request's longest gap between two tokens, with chunked prefill (chunks of the time budget
+   :data:`xpuspec.batching.PREFILL_BUDGET_S`, the default; chunks of a fixed 256 tokens) and with the prompt
+   prefilled in one pass.
 
 Run: ``PYTHONPATH=.:plugins python benchmarks/engine_ttft.py``. Prints the figures; timings, not assertions.
 """
@@ -19,6 +20,7 @@ import time
 import torch
 
 from xpuspec import AutoModelForCausalLM, AutoTokenizer
+from xpuspec.batching import PREFILL_BUDGET_S, PREFILL_CHUNK
 
 MODEL = "smollm2-135m-instruct"
 
@@ -57,8 +59,9 @@ def behind(model, long_ids, short_ids, **long_kwargs):
     return ttft, long_running
 
 
-def longest_gap(model, running_ids, prompt_ids, chunk):
-    model._engine_loop().engine.prefill_chunk = chunk
+def longest_gap(model, running_ids, prompt_ids, budget_s, chunk):
+    engine = model._engine_loop().engine
+    engine.prefill_budget_s, engine.prefill_chunk, engine.prefill_rate = budget_s, chunk, None
     clock = Clock()
     worker = threading.Thread(target=model.generate, args=(running_ids,),
                               kwargs=dict(max_new_tokens=200, do_sample=False, eos_token_id=None, streamer=clock))
@@ -89,9 +92,9 @@ def main():
     ttft, running = behind(model, long_ids, short_ids)
     print(f"short request while a 400-token request runs: TTFT {ttft * 1000:.0f} ms "
           f"({ttft / min(idle):.2f}x idle; the long request still running at its end: {running})")
-    for chunk in (256, 10 ** 9):
-        worst, median, prompt_ttft = longest_gap(model, long_ids, prompt_ids, chunk)
-        name = f"chunks of {chunk}" if chunk < 10 ** 9 else "one pass"
+    for name, budget_s, chunk in ((f"chunks of a {PREFILL_BUDGET_S} s budget", PREFILL_BUDGET_S, PREFILL_CHUNK),
+                                  ("chunks of 256 tokens", None, 256), ("one pass", None, 10 ** 9)):
+        worst, median, prompt_ttft = longest_gap(model, long_ids, prompt_ids, budget_s, chunk)
         print(f"a {prompt_ids.shape[1]}-token prompt arriving, prefilled in {name}: the running request's longest "
               f"gap {worst * 1000:.0f} ms (median {median * 1000:.0f} ms); the prompt's TTFT {prompt_ttft * 1000:.0f} ms")
     model.close()

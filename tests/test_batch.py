@@ -151,6 +151,54 @@ def test_a_sequence_joins_mid_run(ov_int8, tok, alone):
     assert ov_int8.runner.blocks_in_use < in_use  # the rows that left gave their blocks back
 
 
+def test_a_long_prompt_is_prefilled_in_chunks_its_time_budget_buys(ov_int8, tok, monkeypatch):
+    """A 300-token prompt joins a decoding row: its first chunk is ``prefill_chunk`` tokens, each later one what
+    the budget buys at the rate measured on the chunks before (on a stand-in clock on which a prefill pass costs
+    1 ms a token, 0.05 s buy 50 tokens), and both rows give the outputs they give alone."""
+    import types
+
+    import xpuspec.engine as engine_module
+    from xpuspec.engine import Engine, Job
+
+    now = [0.0]
+    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    prompt = tok(" ".join(PROMPTS * 6)).input_ids[:300]
+    short = tok(PROMPTS[0]).input_ids
+    want = {}
+    for name, ids in (("long", prompt), ("short", short)):
+        engine = Engine(ov_int8.runner)
+        job = Job(None)
+        job.req = _request(ov_int8, ids)
+        engine.submit(job)
+        while not engine.idle:
+            engine.step()
+        want[name] = job.result[0]
+    passes = []
+    sequence_type = type(ov_int8.runner.open_sequence())
+    forward = sequence_type.forward
+
+    def timed_forward(self, tokens, *args, **kwargs):
+        if len(tokens) > 2:  # not the decoding row's 1-token steps, which run 2 wide here
+            passes.append(len(tokens))
+            now[0] += 0.001 * len(tokens)
+        return forward(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(sequence_type, "forward", timed_forward)
+    engine = Engine(ov_int8.runner, prefill_budget_s=0.05, prefill_chunk=64)
+    first, second = Job(None), Job(None)
+    first.req, second.req = _request(ov_int8, short), _request(ov_int8, prompt)
+    engine.submit(first)
+    engine.step()
+    engine.step()
+    assert first.req.produced >= 2
+    passes.clear()
+    engine.submit(second)
+    while not engine.idle:
+        engine.step()
+    assert passes == [64, 50, 50, 50, 50, 36], passes  # 300 tokens, the last chunk what is left
+    assert first.result[0] == want["short"] and second.result[0] == want["long"]
+
+
 def test_one_rows_rollback_leaves_the_others_as_fresh_forwards_give_them(ov_int8, tok):
     runner = ov_int8.runner
     pa, pb = tok(PROMPTS[0]).input_ids, tok(PROMPTS[2]).input_ids

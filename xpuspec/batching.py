@@ -4,5 +4,13 @@
 #: server's ``--max-batch`` default.
 DEFAULT_MAX_BATCH = 16
 
-#: Prompt tokens a row prefills per engine step while other rows decode (a prompt alone prefills in one pass).
+#: Seconds of prompt prefill an engine step may spend while other rows decode (a prompt alone prefills in one pass):
+#: a chunk takes the tokens this buys at the prefill rate the engine measured on its earlier prefill passes, so a
+#: long prompt delays the running rows by about this much per step whatever the machine, the model and the load.
+PREFILL_BUDGET_S = 0.15
+
+#: Prompt tokens of a chunk before any prefill pass was timed.
 PREFILL_CHUNK = 256
+
+#: The fewest prompt tokens a chunk takes (a pass has a fixed cost, which smaller chunks would mostly pay).
+MIN_PREFILL_CHUNK = 16

@@ -10,8 +10,9 @@ torch backend, pipeline stages and the NPU, is an engine with one row through :c
 One :meth:`Engine.step` runs these phases in order:
 
 1. **admit** waiting jobs whose KV blocks fit; **prefill** them: a prompt in one pass while no row decodes, else in
-   chunks of :data:`PREFILL_CHUNK` tokens, one chunk per step, so that a long prompt does not stall running rows
-   (vLLM's chunked prefill; the chunks run between the decode steps). Plain greedy decoding of a lone row may run in
+   chunks, one per step, each as many tokens as :data:`~xpuspec.batching.PREFILL_BUDGET_S` seconds buy at the
+   prefill rate measured so far, so that a long prompt does not stall running rows (vLLM's chunked prefill, with
+   a time budget where vLLM has a token budget; the chunks run between the decode steps). Plain greedy decoding of a lone row may run in
    the target's native engine (:meth:`xpuspec.runner.Runner.native_greedy`), which yields to any job that arrives;
 2. **propose**: free drafts first (prompt lookup, suffix: looked up for every row), then the draft lengths of the
    whole batch by goodput (:mod:`xpuspec.speculative.batch`), then the draft model's drafts, row by row; a row
@@ -45,7 +46,7 @@ from .speculative.drafters import Draft, Drafter
 from .speculative.policy import Widths
 from .speculative.profile import SWEEP_WIDTHS, TargetCosts, measure_profile
 
-from .batching import DEFAULT_MAX_BATCH, PREFILL_CHUNK  # noqa: F401 - defined there, light for the CLI
+from .batching import DEFAULT_MAX_BATCH, MIN_PREFILL_CHUNK, PREFILL_BUDGET_S, PREFILL_CHUNK  # noqa: F401 - light for the CLI
 
 log = logging.getLogger("xpuspec")
 
@@ -180,16 +181,19 @@ class Engine:
         costs: the target's measured costs (a speculative load measures them; otherwise the profile is measured
             here, on the first speculative job).
         max_batch: the most rows a step verifies (1 on a runner of one sequence).
-        prefill_chunk: prompt tokens a row prefills per step while other rows decode.
+        prefill_budget_s: seconds of prefill a step may spend while other rows decode (``None``: chunks of
+            ``prefill_chunk`` tokens whatever they cost).
+        prefill_chunk: prompt tokens of a chunk before a prefill pass was timed, or always with no budget.
     """
 
     def __init__(self, target: Runner, costs: Optional[TargetCosts] = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_budget_s: Optional[float] = PREFILL_BUDGET_S, prefill_chunk: int = PREFILL_CHUNK):
         self.target, self.costs = target, costs if costs is not None else TargetCosts()
         self.batched = batches(target)
         self.rows = target if self.batched else OneSequence(target)
         self.max_batch = max_batch if self.batched else 1
-        self.prefill_chunk = prefill_chunk
+        self.prefill_budget_s, self.prefill_chunk = prefill_budget_s, prefill_chunk
+        self.prefill_rate: Optional[float] = None  # prompt tokens per second of the prefill passes, a running mean
         self.waiting: List[Job] = []
         self.live: List[Job] = []
         self.steps = 0
@@ -330,6 +334,20 @@ class Engine:
         if job.req.produced and not job.req.done:
             job.catch_up = True
 
+    def _chunk(self) -> int:
+        """Prompt tokens a chunk takes: what the budget buys at the measured prefill rate, at least
+        :data:`~xpuspec.batching.MIN_PREFILL_CHUNK` (``prefill_chunk`` before a pass was timed, or without a budget)."""
+        if self.prefill_budget_s is None or self.prefill_rate is None:
+            return self.prefill_chunk
+        return max(MIN_PREFILL_CHUNK, round(self.prefill_budget_s * self.prefill_rate))
+
+    def _time_prefill(self, tokens: int, seconds: float) -> None:
+        """Fold a prefill pass of ``tokens`` prompt tokens into the rate (passes shorter than a least chunk, whose
+        cost is mostly the pass's fixed part, are left out)."""
+        if tokens >= MIN_PREFILL_CHUNK and seconds > 0:
+            rate = tokens / seconds
+            self.prefill_rate = rate if self.prefill_rate is None else (self.prefill_rate + rate) / 2
+
     def _prefill(self) -> None:
         """One prefill pass per unfilled live job: the whole prompt while no row decodes, else one chunk."""
         decoding = any(j.filled for j in self.live)
@@ -337,13 +355,15 @@ class Engine:
             req = job.req
             end = len(req.context) - (1 if job.catch_up else 0)
             todo = end - job.seq.length
-            take = min(todo, self.prefill_chunk) if decoding else todo
+            take = min(todo, self._chunk()) if decoding else todo
             t0 = time.perf_counter()
             try:
                 if take > 0:
                     rows = job.seq.forward(req.context[job.seq.length:job.seq.length + take], logits_to_keep=1)
-                    req.stats.prefill_s += time.perf_counter() - t0
+                    spent = time.perf_counter() - t0
+                    req.stats.prefill_s += spent
                     req.stats.target_forwards += 1
+                    self._time_prefill(take, spent)
                 if take < todo:
                     decoding = True
                     continue
