@@ -85,6 +85,28 @@ def test_greedy_identity_alone_and_in_a_batch(trained, ov_int8, tokenizer):
     assert model.last_generate_stats.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("target_format,head_format", [("int4_asym", "fp32"), ("fp32", "int8_sym")])
+def test_greedy_identity_on_other_formats(trained, tokenizer, target_format, head_format):
+    """The same identity with the target in INT4 and in float32, and the head in each of its drafting formats: the
+    taps of every format feed the head, and whatever the head drafts, the output is the format's plain greedy
+    output."""
+    from xpuspec import AutoModelForCausalLM, SpeculativeConfig
+
+    head, _ = trained
+    spec = SpeculativeConfig(mode="eagle3", draft=str(head), cost_model=False, num_assistant_tokens=3,
+                             num_assistant_tokens_schedule="constant", draft_low_bit=head_format)
+    model = AutoModelForCausalLM.from_pretrained(MODEL, load_in_low_bit=target_format, speculative=spec)
+    assert model.eagle3_head.format == head_format
+    plain = AutoModelForCausalLM.from_pretrained(MODEL, load_in_low_bit=target_format)
+    accepted = 0
+    for text in PROMPTS:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        want = plain.generate(ids, max_new_tokens=32, do_sample=False)
+        assert model.generate(ids, max_new_tokens=32, do_sample=False).tolist() == want.tolist(), text
+        accepted += model.last_generate_stats.accepted_tokens
+    assert accepted > 0
+
+
 def test_the_server_with_a_head_answers_the_plain_greedy_text(trained, ov_int8, tokenizer):
     """``xpuspec serve --speculative HEAD``: the head is loaded (``/health``) and every answer is the plain greedy
     text. (The server keeps the cost model on, which may leave this weak a head out of many rounds; the test above
