@@ -18,8 +18,8 @@ tier() {
     local name=$1
     shift
     local start=$SECONDS
-    echo "== tier ${name}: python3 -m pytest -q $* (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-    python3 -m pytest -q "$@"
+    echo "== tier ${name}: python3 -m pytest -q -n auto --dist loadfile $* (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    python3 -m pytest -q -n auto --dist loadfile "$@"
     echo "== tier ${name}: $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s" \
          "(load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
 }
