@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install xpuspec with its test tools, then run the test tiers (docs/testing.md) one after the other:
-#   1. the default tier: the README's `python -m pytest -q` (slow, soak and matrix skip themselves);
+#   1. the default tier: the README's `python -m pytest -q -n auto --dist loadfile` (slow, soak and matrix skip themselves);
 #   2. `-m slow`: the tests that need a model larger than SmolLM2 or minutes of work (the Qwen2.5-Coder 1.5B/0.5B
 #      pair, the Gemma-3 GGUF, an EAGLE-3 head trained for SmolLM2, the bench on every system);
 #   3. `-m soak`: the server soak.

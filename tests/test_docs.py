@@ -100,7 +100,7 @@ def test_the_install_and_test_commands_stay_in_the_readme():
     """CI runs the README's test command; a user copies its install command."""
     codes = [b.code.strip() for b in ALL if b.page.name == "README.md" and b.language == "bash"]
     assert 'pip install -e . && xpuspec generate "def fibonacci(n):"' in codes
-    assert 'pip install -e ".[dev]" && python -m pytest -q' in codes
+    assert 'pip install -e ".[dev]" && python -m pytest -q -n auto --dist loadfile' in codes
 
 
 def _slug(heading: str) -> str:
