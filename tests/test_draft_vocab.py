@@ -21,8 +21,12 @@ KEPT = 8192
 
 @pytest.fixture(scope="module")
 def cut_int8(smollm2_path):
-    return AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym",
-                                                _draft_vocab_size=KEPT).runner
+    """SmolLM2 int8 loaded as a draft model is (xpuspec.loading.load with a draft's options): its head cut."""
+    from xpuspec.loading import LoadOptions, Placement, Weights, load
+
+    where = Placement.resolve("cpu", None, None, None, None)
+    options = LoadOptions(MODEL, Weights.asked("int8_asym"), where, draft_vocab_size=KEPT, is_draft=True)
+    return load(options).runner
 
 
 def test_cut_head_scores_its_tokens_as_the_whole_head_does(ov_int8, cut_int8, tokenizer):
