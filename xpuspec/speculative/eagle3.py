@@ -49,9 +49,9 @@ _OPTIONAL = ("embed_tokens.weight", "d2t", "t2d", "input_norm.weight")
 _TRAINING_ONLY = ("verifier_lm_head.weight", "verifier_norm.weight")
 #: Weight formats of a head while it drafts (``SpeculativeConfig.draft_low_bit``), the default first.
 #: ``"int8_sym"``: every Linear (``fc``, the layer's projections, ``lm_head``) holds int8 weights, one scale per output
-#: channel, and quantizes its input on each call (torch's dynamic quantization, x86/fbgemm kernels); a chain step costs
-#: about half of float32's, which reads the weights from memory four times over (``benchmarks/eagle3_cost.py
-#: --head-formats``). ``"fp32"``: the trained weights as they are. Training is always float32.
+#: channel, and quantizes its input on each call (torch's dynamic quantization, x86/fbgemm kernels): a 4-token round
+#: of a SmolLM2 head took 0.57-0.62x float32's, with the same acceptance (``benchmarks/eagle3_acceptance.py``,
+#: ``benchmarks/eagle3_cost.py``). ``"fp32"``: the trained weights as they are. Training is always float32.
 HEAD_FORMATS = ("int8_sym", "fp32")
 
 
