@@ -9,8 +9,9 @@ DEFAULT_MAX_BATCH = 16
 #: long prompt delays the running rows by about this much per step whatever the machine, the model and the load.
 PREFILL_BUDGET_S = 0.15
 
-#: Prompt tokens of a chunk before any prefill pass was timed.
-PREFILL_CHUNK = 256
+#: Prompt tokens of a chunk before any prefill pass was timed: few, so that the first chunk too stays near the budget
+#: on a slow machine (256 tokens took 0.7 s on a 2-core AVX2 EPYC with SmolLM2; benchmarks/results/engine.md).
+PREFILL_CHUNK = 64
 
 #: The fewest prompt tokens a chunk takes (a pass has a fixed cost, which smaller chunks would mostly pay).
 MIN_PREFILL_CHUNK = 16
