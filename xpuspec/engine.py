@@ -12,8 +12,9 @@ One :meth:`Engine.step` runs these phases in order:
 1. **admit** waiting jobs whose KV blocks fit; **prefill** them: a prompt in one pass while no row decodes, else in
    chunks, one per step, each as many tokens as :data:`~xpuspec.batching.PREFILL_BUDGET_S` seconds buy at the
    prefill rate measured so far, so that a long prompt does not stall running rows (vLLM's chunked prefill, with
-   a time budget where vLLM has a token budget; the chunks run between the decode steps). Plain greedy decoding of a lone row may run in
-   the target's native engine (:meth:`xpuspec.runner.Runner.native_greedy`), which yields to any job that arrives;
+   a time budget where vLLM has a token budget; the chunks run between the decode steps). Plain greedy decoding of
+   a lone row may run in the target's native engine (:meth:`xpuspec.runner.Runner.native_greedy`), which yields
+   to any job that arrives;
 2. **propose**: free drafts first (prompt lookup, suffix: looked up for every row), then the draft lengths of the
    whole batch by goodput (:mod:`xpuspec.speculative.batch`), then the draft model's drafts, row by row; a row
    without drafts on a target whose 1-token passes run 2 wide carries a free guess;
