@@ -18,8 +18,8 @@ tier() {
     local name=$1
     shift
     local start=$SECONDS
-    echo "== tier ${name}: python3 -m pytest -q -n auto --dist loadfile $* (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-    python3 -m pytest -q -n auto --dist loadfile "$@"
+    echo "== tier ${name}: python3 -m pytest -q $* (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    python3 -m pytest -q "$@"
     echo "== tier ${name}: $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s" \
          "(load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
 }
@@ -37,6 +37,9 @@ tier_if_it_fits() {
     tier "$name" "$@"
 }
 
-tier default
+# The default tier runs a test file per core (pytest-xdist); slow and soak run serially: their few files are each
+# minutes long and large in memory (a 1.5B model's conversion beside the bench's workers), and the bench's run of
+# every system has a 15-minute guard.
+tier default -n auto --dist loadfile
 tier_if_it_fits slow 25 -m slow
 tier_if_it_fits soak 8 -m soak
