@@ -347,8 +347,7 @@ def _check_backends(options: LoadOptions, found: _Sources, low_bit) -> Optional[
     asked = spec.draft_low_bit or _default_draft_low_bit(spec, low_bit or found.target.saved_low_bit, where.backend)
     with _naming_the_draft(spec, asked, where.device_name, where.backend.name):
         draft_format = resolve_low_bit(asked)
-        if draft_format is not None:
-            draft_format.check_device(where.device_name)
+        Weights(draft_format).check_devices(where.devices)
         where.backend.check(found.draft or found.draft_origin, where.device_name, draft_format)
     return draft_format
 
@@ -466,10 +465,9 @@ def _check_eagle3_head(spec: Optional[SpeculativeConfig], config):
     """
     if spec is None or spec.mode != "eagle3":
         return None
-    from .speculative.eagle3 import check_head, read_head
+    from .speculative.eagle3 import check_head_for
 
-    text = getattr(config, "text_config", None) or config
-    return check_head(read_head(spec.draft), text.hidden_size, text.vocab_size, text.num_hidden_layers)
+    return check_head_for(spec.draft, config)
 
 
 def _load_eagle3_head(spec: SpeculativeConfig, taps, source, runner):

@@ -208,11 +208,10 @@ def _check_head_fits(head: str, config) -> None:
         ValueError: naming ``--head`` and each mismatch.
     """
     from ..errors import DraftMismatchError
-    from ..speculative.eagle3 import check_head, read_head
+    from ..speculative.eagle3 import check_head_for
 
-    text = getattr(config, "text_config", None) or config
     try:
-        check_head(read_head(head), text.hidden_size, text.vocab_size, text.num_hidden_layers)
+        check_head_for(head, config)
     except DraftMismatchError as exc:
         raise ValueError(f"--head {head}: {exc}") from None
 

@@ -214,6 +214,18 @@ def check_head(spec: HeadSpec, hidden_size: int, vocab_size: int, num_layers: in
     return tuple(ids)
 
 
+def check_head_for(path, config) -> Tuple[int, ...]:
+    """:func:`check_head` of the head at ``path`` against a target's transformers ``config`` (its ``text_config``
+    where it has one): the taps.
+
+    Raises:
+        ModelSourceError: no head at ``path``.
+        DraftMismatchError: as :func:`check_head`.
+    """
+    text = getattr(config, "text_config", None) or config
+    return check_head(read_head(path), text.hidden_size, text.vocab_size, text.num_hidden_layers)
+
+
 def target_embeddings(folder) -> torch.Tensor:
     """The token embeddings ``[vocab, hidden]`` in a transformers folder's safetensors.
 
