@@ -86,6 +86,8 @@ def test_torch_module_idioms_and_cache_flags(ov_fp32):
     (dict(speculative="prompt-lookup"), SpeculativeConfigError, "did you mean 'prompt_lookup'"),
     (dict(speculative="draft"), SpeculativeConfigError, "a draft model drafts when speculative= names it"),
     (dict(ov_config="PERFORMANCE_HINT=LATENCY"), TypeError, "ov_config must be a dict of OpenVINO properties"),
+    (dict(draft_backend="torch"), SpeculativeConfigError, "draft_backend='torch' given without a draft model"),
+    (dict(speculative="prompt_lookup", draft_backend="torch"), SpeculativeConfigError, "without a draft model"),
 ])
 def test_bad_load_options_are_refused_before_the_model_loads(kwargs, error, phrase, monkeypatch):
     """The draft's settings are checked with the target's, before any model is read or compressed."""
