@@ -202,7 +202,8 @@ class System:
 
     def peak_rss_bytes(self) -> int:
         """Peak resident memory of this process so far (the worker runs one system): Linux's ``VmHWM``,
-        which starts afresh at ``exec`` (``ru_maxrss`` would carry over the parent's peak)."""
+        which starts afresh at ``exec``, and at ``fork`` from the resident memory of that moment (``ru_maxrss``
+        would carry over the parent's peak)."""
         try:
             status = Path("/proc/self/status").read_text()
         except OSError:

@@ -3,16 +3,19 @@ one system's warm caches or allocations cannot help or hurt another, and its mem
 alone: the worker's peak RSS minus its RSS before the system loaded (the interpreter and the
 ``xpuspec`` package, which imports torch and transformers, are common to all and subtracted).
 
-The parent starts ``python -m xpuspec.bench.worker FD`` with one end of a socket pair and sends
-pickled ``(operation, arguments)`` messages; the worker answers ``("ok", value)`` or
-``("error", traceback)``. The worker's own stdout and stderr go to a log file.
+A worker is forked from a multiprocessing forkserver that has imported torch, openvino and transformers (and
+run nothing), so that each of a run's workers does not pay those imports again: about 5 s a worker here, most of a
+tiny model's load. The parent sends its environment and working folder first (the forkserver started with the
+parent's of that moment), then pickled ``(operation, arguments)`` messages over a pipe; the worker answers
+``("ok", value)`` or ``("error", traceback)``. The worker's own stdout and stderr go to a log file. As with any
+forkserver, a script that starts workers (through :func:`xpuspec.bench.harness.run`) does so under
+``if __name__ == "__main__":``.
 """
 
-import socket
-import subprocess
+import multiprocessing
+import os
 import sys
 import traceback
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 from ..errors import XpuspecError
@@ -20,6 +23,16 @@ from .systems import Setup, make
 
 #: Seconds a worker may take to exit after ``close`` before it is killed.
 CLOSE_TIMEOUT_S = 30
+#: What the forkserver imports once, for every worker it forks: what each system's load would import anyway
+#: (transformers' auto classes: reading any model config imports them). xpuspec itself is not preloaded: its
+#: settings are read from the environment each worker is sent.
+PRELOAD = ["torch", "openvino", "transformers", "transformers.models.auto.modeling_auto"]
+
+
+def _context():
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
 
 
 class WorkerError(XpuspecError, RuntimeError):
@@ -38,12 +51,13 @@ class Worker:
 
     def __init__(self, name: str, setup: Setup, log: Path):
         self.name, self.log = name, Path(log)
-        ours, theirs = socket.socketpair()
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "xpuspec.bench.worker", str(theirs.fileno())],
-                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        context = _context()
+        self.conn, theirs = context.Pipe()
+        self.proc = context.Process(target=_main, args=(theirs, str(self.log)), name=f"xpuspec-bench {name}",
+                                    daemon=True)
+        self.proc.start()
         theirs.close()
-        self.conn = Connection(ours.detach())
+        self.conn.send((dict(os.environ), os.getcwd(), list(sys.path)))
         self.conn.send((name, setup))
         self._info = None
 
@@ -66,7 +80,8 @@ class Worker:
         try:
             status, value = self.conn.recv()
         except (EOFError, ConnectionError):
-            code = self.proc.wait(timeout=CLOSE_TIMEOUT_S)
+            self.proc.join(timeout=CLOSE_TIMEOUT_S)
+            code = self.proc.exitcode
             tail = self.log.read_text(errors="replace")[-3000:]
             raise WorkerError(f"{self.name}: worker process ended (exit code {code}). Log tail:\n{tail}") from None
         if status == "error":
@@ -74,13 +89,15 @@ class Worker:
         return value
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.is_alive():
             try:
                 self.conn.send(("close", ()))
-                self.proc.wait(timeout=CLOSE_TIMEOUT_S)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
+                pass
+            self.proc.join(timeout=CLOSE_TIMEOUT_S)
+            if self.proc.is_alive():
                 self.proc.kill()
-                self.proc.wait()
+                self.proc.join()
         self.conn.close()
 
     def __enter__(self):
@@ -90,9 +107,22 @@ class Worker:
         self.close()
 
 
-def serve(fd: int) -> None:
+def _main(conn, log: str) -> None:
+    """A forked worker: its output to ``log``, the parent's environment, working folder and import path, then
+    :func:`serve`."""
+    with open(log, "ab") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    environ, cwd, path = conn.recv()
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    sys.path[:] = path
+    serve(conn)
+
+
+def serve(conn) -> None:
     """The worker's loop: load the system named in the first message, then run calls until ``close``."""
-    conn = Connection(fd)
     name, setup = conn.recv()
     try:
         system = make(name, setup)
@@ -111,6 +141,3 @@ def serve(fd: int) -> None:
         except Exception:
             conn.send(("error", traceback.format_exc()))
 
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]))
