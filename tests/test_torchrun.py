@@ -111,13 +111,20 @@ def test_cli_world_size_must_equal_stages(tiny):
 def test_crashed_rank_ends_the_others(tiny, tmp_path):
     """Rank 1 exits after its first forward; rank 0 raises PipelineError: it finds the closed connection,
     or torchrun stops it with SIGTERM first (both messages are xpuspec's). No hang: a hang ends in the subprocess
-    timeout (a hang guard, not a speed check)."""
+    timeout (a hang guard, not a speed check).
+
+    A third ending: torchrun's SIGTERM reaches rank 0 while it prints its PipelineError, and the print stops after
+    the lost connection and the line chaining it to the error raised from it (CI's default tier once, under load).
+    """
     done = _torchrun(WORKER, tiny, tmp_path / "out.pt", 2, "-", 8, "w1 w2 w3",
                      env={"CRASH_RANK": "1", TIMEOUT_ENV: "20"})
     assert done.returncode != 0
+    rank0 = "\n".join(line for line in done.stderr.splitlines() if line.startswith("[rank0]:"))
+    cut_short = (re.search(r"Connection (reset|closed) by peer", rank0) is not None
+                 and "The above exception was the direct cause of the following exception" in rank0)
     assert ("PipelineError: rank 0 lost rank 1 while" in done.stderr
             or "PipelineError: rank 0 was stopped by SIGTERM: torchrun stops every rank when one of them fails"
-            in done.stderr), done.stderr[-3000:]
+            in done.stderr or cut_short), done.stderr[-3000:]
     assert not (tmp_path / "out.pt").exists()
 
 

@@ -12,6 +12,7 @@ forkserver, a script that starts workers (through :func:`xpuspec.bench.harness.r
 ``if __name__ == "__main__":``.
 """
 
+import importlib
 import multiprocessing
 import os
 import sys
@@ -108,8 +109,8 @@ class Worker:
 
 
 def _main(conn, log: str) -> None:
-    """A forked worker: its output to ``log``, the parent's environment, working folder and import path, then
-    :func:`serve`."""
+    """A forked worker: its output to ``log``, the parent's environment, working folder and import path (with
+    ``$PYTHONPATH``'s folders first, as a new interpreter would have them), then :func:`serve`."""
     with open(log, "ab") as out:
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
@@ -117,7 +118,9 @@ def _main(conn, log: str) -> None:
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)
-    sys.path[:] = path
+    first = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = first + [p for p in path if p not in first]
+    importlib.invalidate_caches()
     serve(conn)
 
 
