@@ -143,4 +143,3 @@ def serve(conn) -> None:
             conn.send(("ok", getattr(system, op)(*args)))
         except Exception:
             conn.send(("error", traceback.format_exc()))
-
