@@ -37,12 +37,12 @@ tier_if_it_fits() {
     tier "$name" "$@"
 }
 
+# The CPU first: CI's machine may not be the one a change was made on (docs/testing.md).
+echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
+     "ISA: $(grep -m1 -o -w -E 'avx512_vnni|avx512f|amx_tile|avx2' /proc/cpuinfo | sort -u | xargs)" >&2
 # The default tier runs a test file per core (pytest-xdist); slow and soak run serially: their few files are each
 # minutes long and large in memory (a 1.5B model's conversion beside the bench's workers), and the bench's run of
 # every system has a 15-minute guard.
-# The CPU, since CI's machine may differ from the one a change was made on (docs/testing.md).
-echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
-     "ISA: $(grep -m1 -o -w -E 'avx512_vnni|avx512f|amx_tile|avx2' /proc/cpuinfo | sort -u | xargs)" >&2
 tier default -n auto --dist loadfile
 tier_if_it_fits slow 25 -m slow
 tier_if_it_fits soak 8 -m soak

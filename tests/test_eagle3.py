@@ -297,9 +297,9 @@ def _exact_pair_distribution(target, ids, temperature, top_p, min_new_tokens):
         return torch.softmax(warp(contexts, logits), dim=-1)
 
     first = next_probs(ids)[0]  # [vocab]
-    ones = torch.arange(vocab)[:, None]
-    second = next_probs(torch.cat([ids.repeat(vocab, 1), ones], dim=1))  # [t1, a]
-    pairs = torch.cat([ids.repeat(vocab * vocab, 1), ones.repeat_interleave(vocab, 0), ones.repeat(vocab, 1)], dim=1)
+    every = torch.arange(vocab)[:, None]  # each token, as a column
+    second = next_probs(torch.cat([ids.repeat(vocab, 1), every], dim=1))  # [t1, a]
+    pairs = torch.cat([ids.repeat(vocab * vocab, 1), every.repeat_interleave(vocab, 0), every.repeat(vocab, 1)], dim=1)
     third = next_probs(pairs).view(vocab, vocab, vocab)  # [t1, a, b]
     return (first[:, None, None] * second[:, :, None] * third).sum(0).flatten()
 
