@@ -2,6 +2,8 @@
 for every format on SmolLM2 (compressed IRs come from the cache); the torch backend refuses to
 save or to take NNCF formats, with the fix in the message."""
 
+import os
+
 import pytest
 import torch
 
@@ -43,6 +45,41 @@ def test_save_and_export_round_trips_are_bit_identical(smollm2_path, tmp_path, f
         other = "int8_asym" if fmt != "int8_asym" else "int4_sym"
         with pytest.raises(LowBitConfigError, match=f"already compressed to {fmt}"):
             AutoModelForCausalLM.from_pretrained(tmp_path / "saved", load_in_low_bit=other)
+
+
+@pytest.mark.parametrize("mode, extra", [("INT8_ASYM", {}), ("INT4_ASYM", dict(group_size=64, ratio=1.0))])
+def test_nncfs_numpy_path_taken_for_small_models_writes_the_same_weights(smollm2_path, tmp_path, monkeypatch,
+                                                                         mode, extra):
+    """SmolLM2-sized weights are compressed on NNCF's numpy path (xpuspec_openvino.ir._nncf_path_for), which must
+    give the bytes of NNCF's default, compiled path; a large model keeps the default."""
+    import nncf
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+    from xpuspec.sources import resolve_source
+    from xpuspec_openvino.ir import _nncf_path_for
+
+    monkeypatch.delenv("NNCF_DISABLE_OPTIMIZED_COMPRESSION", raising=False)
+    rng = np.random.default_rng(0)
+    x = ops.parameter([1, 576], np.float32)
+    first = ops.matmul(x, ops.constant(rng.standard_normal((1536, 576), dtype=np.float32)), False, True)
+    model = ov.Model([ops.matmul(first, ops.constant(rng.standard_normal((576, 1536), dtype=np.float32)), False,
+                                 True)], [x])
+
+    def compressed(name):
+        ov.save_model(nncf.compress_weights(model.clone(), mode=nncf.CompressWeightsMode[mode], **extra),
+                      tmp_path / f"{name}.xml", compress_to_fp16=False)
+        return (tmp_path / f"{name}.bin").read_bytes()
+
+    default = compressed("default")
+    with _nncf_path_for(resolve_source(MODEL).config):
+        assert os.environ["NNCF_DISABLE_OPTIMIZED_COMPRESSION"] == "1"
+        numpy_path = compressed("numpy")
+    assert "NNCF_DISABLE_OPTIMIZED_COMPRESSION" not in os.environ
+    assert len(default) > 1536 * 576 // 2 and numpy_path == default
+    large = type("Config", (), dict(hidden_size=1536, intermediate_size=8960))()
+    with _nncf_path_for(large):
+        assert "NNCF_DISABLE_OPTIMIZED_COMPRESSION" not in os.environ
 
 
 @pytest.fixture(scope="module")

@@ -209,6 +209,35 @@ def _calibration_dataset(source: ModelSource):
     return nncf.Dataset(items)
 
 
+#: NNCF compresses each weight either with numpy or with a small OpenVINO model compiled for that weight (its
+#: "optimized" path, taken for weights of 10000 elements or more). The compile costs about 40-60 ms per weight
+#: (NNCF switches its cache of compiled models off while it writes the model), which the compute saved repays only
+#: on large weights. Measured on 2 cores of an AMD EPYC with AVX-512 (``benchmarks/results/first-run.md``), ms per
+#: weight, optimized against numpy: int8_asym 576x576 48/19, 1536x576 57/26, 4864x896 61/38; int4_asym 4864x896
+#: 71/127, 8960x1536 155/357. Both paths give bit-identical IRs. A model whose MLP weight (hidden x intermediate)
+#: is below this many elements is compressed on the numpy path (``NNCF_DISABLE_OPTIMIZED_COMPRESSION``, NNCF's own
+#: switch); larger models keep NNCF's default.
+NUMPY_COMPRESSION_MAX_ELEMENTS = 2_000_000
+
+
+@contextlib.contextmanager
+def _nncf_path_for(config):
+    """Within the block, NNCF compresses on its numpy path when ``config``'s MLP weight is small
+    (:data:`NUMPY_COMPRESSION_MAX_ELEMENTS`). A user's own ``NNCF_DISABLE_OPTIMIZED_COMPRESSION`` is left alone."""
+    import os
+
+    key = "NNCF_DISABLE_OPTIMIZED_COMPRESSION"
+    size = getattr(config, "hidden_size", 0) * (getattr(config, "intermediate_size", 0) or 0)
+    if key in os.environ or not 0 < size < NUMPY_COMPRESSION_MAX_ELEMENTS:
+        yield
+        return
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
 def _compress(source: ModelSource, base: Path, low_bit: LowBitConfig, tmp: Path) -> None:
     import nncf
     import openvino as ov
@@ -223,7 +252,7 @@ def _compress(source: ModelSource, base: Path, low_bit: LowBitConfig, tmp: Path)
             if low_bit.awq or low_bit.scale_estimation:
                 kwargs.update(awq=low_bit.awq, scale_estimation=low_bit.scale_estimation,
                               dataset=_calibration_dataset(source), subset_size=len(CALIBRATION_TEXT))
-        with phase(f"compress {source.name} to {low_bit.format}") as bar:
+        with phase(f"compress {source.name} to {low_bit.format}") as bar, _nncf_path_for(source.config):
             log.info("compressing weights with NNCF: %s", low_bit.as_dict())
             ov.save_model(nncf.compress_weights(model, **kwargs), tmp / MODEL_XML, compress_to_fp16=False)
             bar.update(1)
