@@ -153,9 +153,9 @@ def _measure_one(load: Load, name: str, texts, prompt, reference: Optional[float
 
 
 #: Seconds :func:`measure_formats` takes per GB of fp32 weights on 2 cores, all six formats (NNCF compression, compile,
-#: perplexity, speed), export to OpenVINO IR included: SmolLM2-135M (0.54 GB) took about 110 s on 2 quiet cores
-#: (benchmarks/results/first-run.md). Only for the estimate said at the start.
-MEASURE_S_PER_GB_2_CORES = 200.0
+#: perplexity, speed), export to OpenVINO IR included: SmolLM2-135M (0.54 GB) took 56-61 s on 2 quiet cores with
+#: NNCF's numpy path for small models (benchmarks/results/first-run.md). Only for the estimate said at the start.
+MEASURE_S_PER_GB_2_CORES = 120.0
 
 
 def estimate_seconds(folder) -> Optional[float]:
