@@ -77,11 +77,9 @@ class Admission:
         try:
             await ticket.grant
         except asyncio.CancelledError:
-            if ticket.state == "running":  # granted as it was cancelled: pass the place on
-                self.release(ticket)
-            else:
+            if ticket in self._queue:  # a release after the cancel skipped it (below), or none came yet
                 self._queue.remove(ticket)
-                self.release(ticket)
+            self.release(ticket)  # granted as it was cancelled: the place passes on
             raise
 
     def _run(self, ticket: Ticket) -> None:
@@ -102,5 +100,7 @@ class Admission:
         ticket.state = "released"
         while self._queue and self.running < self.max_running:
             nxt = self._queue.popleft()
+            if nxt.grant.cancelled():  # its wait was cancelled, and its handler (in start) has not run yet
+                continue
             self._run(nxt)
             nxt.grant.set_result(None)
