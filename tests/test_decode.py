@@ -200,3 +200,7 @@ def test_a_hybrid_whose_model_stops_goes_on_with_lookup():
     new, _, _, stats = decode(target, [1, 2], _config(max_new_tokens=30), None, hybrid, policy)
     assert new == [(3 + i) % 8 for i in range(30)]
     assert stats.draft_model_stopped_after is not None and stats.accepted_tokens > 0  # lookup's, after the stop
+    # Each drafter counted its own rounds (the hybrid before the stop, its fallback after); gathered, they account
+    # for every token: the prefill's, and per verify pass the accepted drafts plus the target's own token.
+    assert stats.new_tokens == stats.target_forwards + stats.accepted_tokens
+    assert sum(stats.acceptance_counts.accepted) == stats.accepted_tokens

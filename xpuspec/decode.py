@@ -30,11 +30,11 @@ from typing import List, Optional, Sequence
 import torch
 from transformers import GenerationConfig
 
-from .generation import GenerationStats, StopStrings, eos_ids, max_new_tokens, min_new_tokens
+from .generation import GenerationStats, PositionCounts, StopStrings, eos_ids, max_new_tokens, min_new_tokens
 from .runner import Runner
 from .scoring import Scorer, scorer_for
-from .speculative.drafters import NO_DRAFT, Draft, Drafter, DraftRequest, PromptLookupDrafter
-from .speculative.policy import AcceptanceCounts, Decision, RequestPolicy, RoundOutcome, Widths
+from .speculative.drafters import NO_DRAFT, Draft, DraftCounters, Drafter, DraftRequest, PromptLookupDrafter
+from .speculative.policy import Decision, RequestPolicy, RoundOutcome, Widths
 from .speculative.profile import TargetCosts
 from .speculative.verify import accept_prefix, greedy_accept, rejection_sample
 
@@ -56,6 +56,8 @@ class Request:
         grammar: the request's structured-output matcher (:class:`xpuspec.grammar.GrammarMatcher`), or ``None``:
             it masks the target's rows at every verified position, cuts drafts (:func:`cut_draft`) and follows the
             kept tokens; such a request never takes the native route.
+        guesses: the counts of the free guesses (``guesser``'s, and the tokens a grammar forces); a drafter's own
+            drafts are counted by the drafter (:class:`xpuspec.speculative.drafters.DraftCounters`).
     """
 
     context: List[int]
@@ -70,6 +72,7 @@ class Request:
     drafter: Optional[Drafter] = None
     policy: Optional[RequestPolicy] = None
     guesser: Optional[PromptLookupDrafter] = None
+    guesses: DraftCounters = field(default_factory=DraftCounters)
     stats: GenerationStats = field(default_factory=GenerationStats)
     scores: List[torch.Tensor] = field(default_factory=list)
     logits: List[torch.Tensor] = field(default_factory=list)
@@ -97,8 +100,6 @@ def new_request(prompt: List[int], config: GenerationConfig, streamer=None, draf
                   min_new_tokens(config, len(prompt)), frozenset(eos_ids(config)), stop, streamer, drafter, policy)
     req.stats.prompt_tokens, req.stats.setup_s = len(prompt), setup_s
     req.grammar = grammar
-    if drafter is not None:  # a speculative request reports its counts, zeros when nothing was drafted
-        req.stats.acceptance_counts = AcceptanceCounts()
     return req
 
 
@@ -114,10 +115,20 @@ def begin_drafting(req: Request, single_step_width: int) -> None:
 
 
 def end_drafting(req: Request, first_drafter: Optional[Drafter]) -> None:
-    """End the drafter the request began with and note its busy time."""
-    if first_drafter is not None:
-        busy = first_drafter.busy_s
-        req.stats.draft_busy_s = req.stats.draft_s if busy is None else busy
+    """Gather the counters of the drafters the request used (the one it began with and, where the policy stopped
+    its draft model, the one that went on; the free guesser apart) into its stats, and note the busy time. A
+    speculative request reports its counts, zeros when nothing was drafted."""
+    stats = req.stats
+    stats.guessed_tokens, stats.guesses_accepted = req.guesses.drafted_tokens, req.guesses.accepted_tokens
+    if first_drafter is None:
+        return
+    stats.acceptance_counts = PositionCounts()
+    for drafter in {id(d): d for d in (first_drafter, req.drafter) if d is not None}.values():
+        stats.drafted_tokens += drafter.counters.drafted_tokens
+        stats.accepted_tokens += drafter.counters.accepted_tokens
+        stats.acceptance_counts.add(drafter.counters.positions)
+    busy = first_drafter.busy_s
+    stats.draft_busy_s = stats.draft_s if busy is None else busy
 
 
 def drop_model(req: Request) -> None:
@@ -159,16 +170,13 @@ def verify_and_emit(target: Runner, req: Request, draft, rows: torch.Tensor, gue
         n, token = accept_prefix(draft.tokens, req.scorer.best(req.context, draft.tokens, rows))
     target.rollback(len(draft.tokens) - n)
     emitted = _emit(req, draft.tokens[:n] + [token], scored, raw)
-    kept, stats = min(n, emitted), req.stats
+    kept = min(n, emitted)
     if req.grammar is not None:  # the grammar keeps what was emitted, rolled back past the rest
         req.grammar.keep(kept, token if emitted > n else None)
     if guessed:
-        stats.guessed_tokens += len(draft.tokens)
-        stats.guesses_accepted += kept
+        req.guesses.add_round(len(draft.tokens), kept)
     elif draft.tokens:
-        stats.drafted_tokens += len(draft.tokens)
-        stats.accepted_tokens += kept
-        stats.acceptance_counts.add_round(len(draft.tokens), kept)
+        req.drafter.counted(len(draft.tokens), kept)
     return n
 
 

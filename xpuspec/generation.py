@@ -67,6 +67,16 @@ class PositionCounts:
             self.judged[j] += 1
             self.accepted[j] += j < accepted
 
+    def add(self, other: "PositionCounts") -> None:
+        """Add ``other``'s counts to these, position by position."""
+        grow = len(other.judged) - len(self.judged)
+        if grow > 0:
+            self.judged += [0.0] * grow
+            self.accepted += [0.0] * grow
+        for j, (judged, accepted) in enumerate(zip(other.judged, other.accepted)):
+            self.judged[j] += judged
+            self.accepted[j] += accepted
+
 
 @dataclass
 class GenerationStats:
@@ -355,12 +365,10 @@ def batch_stats(rows: List[GenerationStats]) -> GenerationStats:
     total.draft_s = sum(r.draft_s for r in rows)
     total.prefill_s = sum(r.prefill_s for r in rows)
     total.draft_busy_s = sum(r.draft_busy_s for r in rows)
-    counts = [r.acceptance_counts for r in rows if r.acceptance_counts is not None]
-    if counts:
-        size = max(len(c.judged) for c in counts)
-        total.acceptance_counts = PositionCounts(
-            [sum(c.judged[i] for c in counts if i < len(c.judged)) for i in range(size)],
-            [sum(c.accepted[i] for c in counts if i < len(c.accepted)) for i in range(size)])
+    for counts in (r.acceptance_counts for r in rows if r.acceptance_counts is not None):
+        if total.acceptance_counts is None:
+            total.acceptance_counts = PositionCounts()
+        total.acceptance_counts.add(counts)
     total.engine = "xpuspec batch"
     return total
 

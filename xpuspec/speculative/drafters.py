@@ -8,12 +8,13 @@ which drafters read and never write. Tokens that cost no model step (looked up i
 """
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from ..errors import SpeculativeConfigError
+from ..generation import PositionCounts
 from ..runner import Runner
 from ..scoring import argmax_rows
 from .policy import Widths
@@ -64,6 +65,31 @@ class Draft:
 NO_DRAFT = Draft([])
 
 
+@dataclass
+class DraftCounters:
+    """What one drafter's drafts came to since its request began, kept by the drafter as llama.cpp's drafters keep
+    their drafted and accepted counts; the decode loop gathers them into the request's ``GenerationStats`` when the
+    request ends (:func:`xpuspec.decode.end_drafting`).
+
+    Attributes:
+        drafted_tokens: its tokens the target judged.
+        accepted_tokens: those the target kept (a draft kept past the output's end, at EOS, a stop string or the
+            length limit, does not count).
+        positions: per draft position (index 0: the first token of a draft), the rounds that judged a token there
+            and the rounds that kept it.
+    """
+
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    positions: PositionCounts = field(default_factory=PositionCounts)
+
+    def add_round(self, drafted: int, kept: int) -> None:
+        """One round: the target judged ``drafted`` of its tokens and kept ``kept`` (0 <= kept <= drafted)."""
+        self.drafted_tokens += drafted
+        self.accepted_tokens += kept
+        self.positions.add_round(drafted, kept)
+
+
 class Drafter(ABC):
     """Proposes draft tokens for one request at a time (see the module docstring)."""
 
@@ -76,8 +102,13 @@ class Drafter(ABC):
     needs: frozenset = frozenset()
 
     def begin(self, request: DraftRequest) -> None:
-        """Start a request; called before the target's prefill."""
+        """Start a request; called before the target's prefill. Its :attr:`counters` start from zero."""
         self.request = request
+        self.counters = DraftCounters()
+
+    def counted(self, drafted: int, kept: int) -> None:
+        """The decode loop's note of a judged round of this drafter's tokens (:meth:`DraftCounters.add_round`)."""
+        self.counters.add_round(drafted, kept)
 
     @abstractmethod
     def propose(self, widths: Widths) -> Draft:

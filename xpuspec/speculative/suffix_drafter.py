@@ -101,6 +101,7 @@ class SuffixDrafter(Drafter):
 
     def begin(self, request: DraftRequest) -> None:
         """Start ``request``: index its context afresh, forget the last request's statistics."""
+        super().begin(request)
         self._request, self._prompt_len = request, len(request.context)  # begun before the first token
         self._own = SuffixAutomaton(self.max_depth)
         self._own.extend(request.context)
