@@ -217,6 +217,22 @@ def test_chat_applies_the_chat_template(server, tokenizer, greedy):
     assert want_reason == "stop"  # the model ends its answer with <|im_end|>, which gives no text
 
 
+def test_min_tokens_holds_eos_back_as_generate_does(server, tokenizer, ov_int8):
+    """vLLM's min_tokens: the chat answer above ends at EOS within 32 tokens; with min_tokens=32 it runs to 32, as
+    generate(min_new_tokens=32) in this process."""
+    import torch
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                    add_special_tokens=False).input_ids
+    out = ov_int8.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
+    want = tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+    for stream in (False, True):
+        text, reason, usage = complete(server.client(), messages[0]["content"], 32, stream, {"min_tokens": 32},
+                                       chat=True)
+        assert (text, reason, usage.completion_tokens) == (want, "length", 32)
+
+
 def test_a_chat_session_reuses_its_cached_prefix_and_answers_as_generate_does(server, tokenizer, greedy):
     """Each turn resends the whole conversation: turns 2 and 3 start on the cached KV blocks of the turns before
     (usage's prompt_tokens_details.cached_tokens, /metrics' prefix_cache_hits), and every answer is the one
@@ -352,6 +368,8 @@ BAD_REQUESTS = [  # (what, path, body, status, param or None, code or None)
     ("token ids past the context", "/v1/completions", {"model": MODEL, "prompt": [1] * 9000}, 400, "prompt",
      "context_length_exceeded"),
     ("an empty list of token ids", "/v1/completions", {"model": MODEL, "prompt": []}, 400, "prompt", None),
+    ("min_tokens past max_tokens", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4, "min_tokens": 5},
+     400, "min_tokens", None),
     ("best_of 0", "/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 0}, 400, "best_of", None),
     ("temperature out of range", "/v1/completions", {"model": MODEL, "prompt": "x", "temperature": 3}, 400,
      "temperature", None),
@@ -743,14 +761,16 @@ SCHEMATHESIS_EXAMPLES = 15
 
 def _fits(case) -> None:
     """A request valid by the schema, made quick, and kept clear of the constraints between fields that JSON
-    schema cannot state (the prompt and max_tokens within the context, speculation settings that go together,
-    stream_options only when streaming, a response_format's grammar that compiles), which the server answers with
-    a documented 400."""
+    schema cannot state (the prompt and max_tokens within the context, min_tokens up to max_tokens, speculation
+    settings that go together, stream_options only when streaming, a response_format's grammar that compiles), which
+    the server answers with a documented 400."""
     body = case.body
     if not isinstance(body, dict):
         return
     body.pop("max_completion_tokens", None)
     body["max_tokens"] = 1
+    if isinstance(body.get("min_tokens"), int) and body["min_tokens"] > 1:  # at most max_tokens
+        body["min_tokens"] = 1
     for name in ("speculative", "num_assistant_tokens", "prompt_lookup_num_tokens"):
         body.pop(name, None)
     if not body.get("stream"):

@@ -39,6 +39,7 @@ class GenerationParams:
 
     Attributes:
         max_new_tokens: at most this many new tokens (at least 1).
+        min_new_tokens: EOS cannot end the output before this many new tokens (vLLM's ``min_tokens``; 0: off).
         temperature: under :data:`SAMPLING_EPS` (0 included) decodes greedily; above it samples at this temperature
             (with ``top_p``).
         top_p: nucleus sampling's mass (1.0: off).
@@ -52,6 +53,7 @@ class GenerationParams:
     """
 
     max_new_tokens: int
+    min_new_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     seed: Optional[int] = None
@@ -67,7 +69,8 @@ class GenerationParams:
             if self.temperature >= SAMPLING_EPS else dict(do_sample=False)
         speculation = {name: getattr(self, name) for name in SPECULATIVE_FIELDS if getattr(self, name) is not None}
         structured = {"response_format": self.response_format} if self.response_format is not None else {}
-        return dict(max_new_tokens=self.max_new_tokens, **sampling, **speculation, **structured)
+        minimum = {"min_new_tokens": self.min_new_tokens} if self.min_new_tokens else {}
+        return dict(max_new_tokens=self.max_new_tokens, **minimum, **sampling, **speculation, **structured)
 
 
 #: The speculative request fields, named as ``generate``'s arguments (and OVMS's and transformers').

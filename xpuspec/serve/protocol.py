@@ -109,6 +109,7 @@ class GenerationRequest(_Strict):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     max_tokens: Optional[Int(ge=1)] = None
+    min_tokens: Int(ge=0) = 0  # vLLM's: new tokens before EOS may end the output (stop strings still do)
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
     seed: Optional[Int(ge=-2**63, le=2**63 - 1)] = None  # a 64-bit integer, as torch's generators take
@@ -151,8 +152,11 @@ class GenerationRequest(_Strict):
     def params(self, max_tokens: int) -> GenerationParams:
         """The decoding settings, with ``max_tokens`` resolved by the endpoint. OpenAI's defaults: temperature 1,
         top_p 1."""
+        if self.min_tokens > max_tokens:
+            raise APIError(400, f"min_tokens={self.min_tokens} is more than max_tokens={max_tokens} (the request's "
+                                "limit, or what the context leaves); lower min_tokens.", param="min_tokens")
         return GenerationParams(
-            max_new_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
+            max_new_tokens=max_tokens, min_new_tokens=self.min_tokens, temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
             num_assistant_tokens=self.num_assistant_tokens, prompt_lookup_num_tokens=self.prompt_lookup_num_tokens,
             assistant_confidence_threshold=self.assistant_confidence_threshold, speculative=self.speculative,
