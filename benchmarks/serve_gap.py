@@ -114,7 +114,8 @@ def main() -> int:
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "xpuspec", "--log-level", "WARNING", "serve", args.model,
                                "--port", str(port), "--low-bit", args.low_bit, "--max-batch", str(args.batch),
-                               "--max-queue", str(4 * args.batch)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--max-queue", str(4 * args.batch)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(900):
             try:
@@ -147,7 +148,8 @@ def main() -> int:
                 tokens = way()
                 wall = time.perf_counter() - t0
                 runs[name].append(dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
-                                       server_cpu_s=cpu_s(server.pid) - srv, this_process_cpu_s=cpu_s(os.getpid()) - me))
+                                       server_cpu_s=cpu_s(server.pid) - srv,
+                                       this_process_cpu_s=cpu_s(os.getpid()) - me))
                 print(f"round {r} {name}: {tokens / wall:.1f} tokens/s", file=sys.stderr)
         after = load_average()
     finally:

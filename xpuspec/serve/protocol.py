@@ -156,7 +156,8 @@ class GenerationRequest(_Strict):
             raise APIError(400, f"min_tokens={self.min_tokens} is more than max_tokens={max_tokens} (the request's "
                                 "limit, or what the context leaves); lower min_tokens.", param="min_tokens")
         return GenerationParams(
-            max_new_tokens=max_tokens, min_new_tokens=self.min_tokens, temperature=1.0 if self.temperature is None else self.temperature,
+            max_new_tokens=max_tokens, min_new_tokens=self.min_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
             num_assistant_tokens=self.num_assistant_tokens, prompt_lookup_num_tokens=self.prompt_lookup_num_tokens,
             assistant_confidence_threshold=self.assistant_confidence_threshold, speculative=self.speculative,
