@@ -769,8 +769,9 @@ def _fits(case) -> None:
         return
     body.pop("max_completion_tokens", None)
     body["max_tokens"] = 1
-    if isinstance(body.get("min_tokens"), int) and body["min_tokens"] > 1:  # at most max_tokens
-        body["min_tokens"] = 1
+    minimum = body.get("min_tokens")
+    if isinstance(minimum, (int, float)) and not isinstance(minimum, bool) and minimum > 1:  # at most max_tokens
+        body["min_tokens"] = 1  # (an integral float such as 5.0 is an integer to the schema and the server)
     for name in ("speculative", "num_assistant_tokens", "prompt_lookup_num_tokens"):
         body.pop(name, None)
     if not body.get("stream"):
