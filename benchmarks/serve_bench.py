@@ -114,12 +114,14 @@ def start(system: str, args, log) -> Child:
     return Child(cmd, port, "/health", log)
 
 
-def one_request(client: OpenAI, model: str, prompt: str, max_tokens: int) -> Sample:
+def one_request(client: OpenAI, model: str, prompt: str, max_tokens: int, min_tokens: int = 0) -> Sample:
+    """One streamed greedy completion (``min_tokens``: vLLM's field, sent where above 0) and its figures."""
     sent = time.perf_counter()
     first = last = None
     usage, chunks = None, 0
     for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                           stream=True, stream_options={"include_usage": True}):
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body={"min_tokens": min_tokens} if min_tokens else None):
         if chunk.usage is not None:
             usage = chunk.usage
         if any(c.text for c in chunk.choices):
@@ -145,9 +147,10 @@ def percentiles(values: List[float]) -> Dict[str, float]:
 
 
 def drive(port: int, model: str, prompts: List[str], concurrency: int, requests: int,
-          max_tokens: int) -> Tuple[List[Sample], float]:
-    """One round: ``requests`` requests from ``concurrency`` client threads. Returns their samples and the wall
-    seconds from the first send to the last reply."""
+          max_tokens: int, min_tokens: int = 0) -> Tuple[List[Sample], float]:
+    """One round: ``requests`` requests from ``concurrency`` client threads, each sending its next as its last ends
+    (``requests == concurrency``: all at once). Returns their samples and the wall seconds from the first send to
+    the last reply."""
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
     next_index, lock = [0], threading.Lock()
 
@@ -159,7 +162,7 @@ def drive(port: int, model: str, prompts: List[str], concurrency: int, requests:
                 if i >= requests:
                     return out
                 next_index[0] += 1
-            out.append(one_request(client, model, prompts[i % len(prompts)], max_tokens))
+            out.append(one_request(client, model, prompts[i % len(prompts)], max_tokens, min_tokens))
 
     begun = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:

@@ -13,7 +13,9 @@ Three ways of decoding the batch bench's prompts (:data:`xpuspec.bench.batch.PRO
   ``openai``-client threads, streamed; the next batch is sent when all have ended (what ``generate`` does, through
   HTTP, server-sent events and detokenizing);
 - ``server-open``: the same server kept at ``--batch`` requests in flight (a thread sends its next request as its
-  last one ends, as ``benchmarks/serve_bench.py`` does), ``2 * --batch`` requests per round.
+  last one ends), ``2 * --batch`` requests per round.
+
+Both server ways are ``benchmarks/serve_bench.py``'s ``drive``, with ``--batch`` client threads.
 
 Per way: completion tokens over wall seconds (tokens/s), and the CPU seconds of the server process and of this
 process (the client threads, or the in-process model) over the round, from ``/proc``: on 2 cores what the client
@@ -27,15 +29,13 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
-from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_bench import free_port  # noqa: E402
+from serve_bench import drive, free_port  # noqa: E402
 
 from xpuspec.bench.batch import batch_rows  # noqa: E402
 from xpuspec.bench.load import load_average  # noqa: E402
@@ -47,55 +47,6 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def stream(client: OpenAI, model: str, prompt: str, max_tokens: int) -> int:
-    """One streamed greedy completion; its completion tokens."""
-    tokens = 0
-    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                           stream=True, stream_options={"include_usage": True},
-                                           extra_body={"min_tokens": max_tokens}):
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    return tokens
-
-
-def closed(client, model, prompts, max_tokens) -> int:
-    """All ``prompts`` at once, one thread each; their completion tokens."""
-    counts = [0] * len(prompts)
-
-    def one(i):
-        counts[i] = stream(client, model, prompts[i], max_tokens)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts)
-
-
-def open_loop(client, model, prompts, max_tokens, requests) -> int:
-    """``len(prompts)`` threads keep a request each in flight until ``requests`` have ended; completion tokens."""
-    lock, state = threading.Lock(), {"next": 0, "tokens": 0}
-
-    def worker():
-        while True:
-            with lock:
-                i = state["next"]
-                if i >= requests:
-                    return
-                state["next"] += 1
-            n = stream(client, model, prompts[i % len(prompts)], max_tokens)
-            with lock:
-                state["tokens"] += n
-
-    threads = [threading.Thread(target=worker) for _ in prompts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return state["tokens"]
 
 
 def main() -> int:
@@ -124,7 +75,6 @@ def main() -> int:
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
         model = AutoModelForCausalLM.from_pretrained(args.model, device="cpu", load_in_low_bit=args.low_bit)
         tok = AutoTokenizer.from_pretrained(args.model)
         tok.pad_token, tok.padding_side = tok.pad_token or tok.eos_token, "left"
@@ -135,9 +85,13 @@ def main() -> int:
             model.generate(**batch, max_new_tokens=new, min_new_tokens=new, do_sample=False)
             return sum(s.new_tokens for s in (model.last_generate_stats.rows or [model.last_generate_stats]))
 
+        def served(requests: int) -> int:  # drive's threads, one per prompt of the batch
+            samples, _ = drive(port, args.model, prompts, len(prompts), requests, new, min_tokens=new)
+            return sum(sample.tokens for sample in samples)
+
         ways = {"in-process": in_process,
-                "server-closed": lambda: closed(client, args.model, prompts, new),
-                "server-open": lambda: open_loop(client, args.model, prompts, new, 2 * args.batch)}
+                "server-closed": lambda: served(len(prompts)),
+                "server-open": lambda: served(2 * len(prompts))}
         for way in ways.values():  # warm-up: each way once
             way()
         runs = {name: [] for name in ways}

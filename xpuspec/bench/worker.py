@@ -6,8 +6,8 @@ alone: the worker's peak RSS minus its RSS before the system loaded (the interpr
 A worker is forked from a multiprocessing forkserver that has imported torch, openvino and transformers (and
 run nothing), so that each of a run's workers does not pay those imports again: about 5 s a worker here, most of a
 tiny model's load. The parent sends its environment, working folder and import path first (the forkserver
-started with the parent's of that moment), then pickled ``(operation, arguments)`` messages over a pipe; the worker answers
-``("ok", value)`` or ``("error", traceback)``. The worker's own stdout and stderr go to a log file. As with any
+started with the parent's of that moment), then pickled ``(operation, arguments)`` messages over a pipe; the worker
+answers ``("ok", value)`` or ``("error", traceback)``. The worker's own stdout and stderr go to a log file. As with any
 forkserver, a script that starts workers (through :func:`xpuspec.bench.harness.run`) does so under
 ``if __name__ == "__main__":``.
 """
