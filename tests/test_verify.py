@@ -72,6 +72,7 @@ def test_greedy_accept():
 from transformers import GenerationConfig  # noqa: E402
 
 from xpuspec.scoring import LengthRuleScorer, Scorer, argmax_rows, scorer_for  # noqa: E402
+from xpuspec.generation import logits_processor  # noqa: E402
 from xpuspec.speculative.verify import accept_prefix  # noqa: E402
 
 
@@ -111,7 +112,7 @@ def test_length_rule_best_equals_transformers_processors(eos, prompt_len, min_ne
     config = GenerationConfig(do_sample=False, eos_token_id=eos, min_new_tokens=min_new, max_new_tokens=50)
     fast = scorer_for(config, prompt_len)
     assert isinstance(fast, LengthRuleScorer)
-    reference = Scorer(config, prompt_len)  # transformers' MinNewTokensLengthLogitsProcessor
+    reference = Scorer(logits_processor(config, prompt_len))  # transformers' MinNewTokensLengthLogitsProcessor
     rows = _adversarial_rows()
     for seed in range(3):
         rows = torch.cat([rows, _adversarial_rows(seed=seed + 1)[:4]])

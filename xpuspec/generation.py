@@ -325,30 +325,6 @@ def max_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
     return max(config.max_length - prompt_len, 0)
 
 
-def check_max_length(config: GenerationConfig, prompt_len: int) -> None:
-    """Refuse a ``max_length`` (without ``max_new_tokens``) that leaves no room after the prompt, as transformers does.
-
-    Raises:
-        GenerationConfigError: the prompt has at least ``max_length`` tokens.
-    """
-    if config.max_new_tokens is None and config.max_length is not None and prompt_len >= config.max_length:
-        raise GenerationConfigError(f"Input length of input_ids is {prompt_len}, but max_length is set to "
-                                    f"{config.max_length}; increase max_length or, better, set max_new_tokens.")
-
-
-def pack_output(prompt_ids: torch.Tensor, new: List[int], scores, raw, config: GenerationConfig):
-    """The value ``transformers.generate`` returns: a ``[1, prompt+new]`` LongTensor, or
-    :class:`GenerateDecoderOnlyOutput` when ``return_dict_in_generate`` is set."""
-    sequences = torch.cat([prompt_ids.to("cpu", torch.long), torch.tensor([new], dtype=torch.long)], dim=1)
-    if not config.return_dict_in_generate:
-        return sequences
-    return GenerateDecoderOnlyOutput(
-        sequences=sequences,
-        scores=tuple(scores) if config.output_scores else None,
-        logits=tuple(raw) if config.output_logits else None,
-    )
-
-
 def batch_stats(rows: List[GenerationStats]) -> GenerationStats:
     """The stats of a batch: token and draft counts summed over ``rows``, TTFT the first row's first token, the
     decode time from then to the last row's last token, the target's passes those of the widest row (every row's
@@ -373,10 +349,10 @@ def batch_stats(rows: List[GenerationStats]) -> GenerationStats:
     return total
 
 
-def pack_batch_output(prompt_ids: torch.Tensor, rows, config: GenerationConfig, vocab_size: int):
-    """What ``transformers.generate`` returns for a batch: ``[B, T + new]`` (``new``: the longest row's new tokens),
-    each row's new tokens after its (padded) prompt and ``pad_token_id`` after a row's end (the first EOS id where
-    no pad token is set, as transformers does); or :class:`GenerateDecoderOnlyOutput` with per-step ``scores`` /
+def pack_output(prompt_ids: torch.Tensor, rows, config: GenerationConfig, vocab_size: int):
+    """What ``transformers.generate`` returns for one prompt or a batch: ``[B, T + new]`` (``new``: the longest row's
+    new tokens), each row's new tokens after its (padded) prompt and ``pad_token_id`` after a row's end (the first EOS
+    id where no pad token is set, as transformers does); or :class:`GenerateDecoderOnlyOutput` with per-step ``scores`` /
     ``logits`` of shape ``[B, vocab]`` (a row past its end scores ``pad_token_id`` 0 and every other token -inf).
 
     Args:

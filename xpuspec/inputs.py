@@ -4,13 +4,14 @@ Each failure raises :class:`InvalidInputError` (or its subclass :class:`PromptTo
 a ``ValueError``, naming what is wrong and how to fix it, before any model runs.
 """
 
+import copy
 import logging
-from typing import Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 from transformers import GenerationConfig
 
-from .errors import InvalidInputError, PromptTooLongError
+from .errors import GenerationConfigError, InvalidInputError, PromptTooLongError
 from .generation import max_new_tokens
 
 log = logging.getLogger("xpuspec")
@@ -69,6 +70,32 @@ def check_input_ids(input_ids, attention_mask, vocab_size: int) -> torch.Tensor:
     return input_ids.to(torch.long)
 
 
+def row_config(base: GenerationConfig, prompt_len: int, context: Optional[int], max_prompt_len: Optional[int] = None,
+               device: str = "") -> GenerationConfig:
+    """A copy of ``base`` for one row of ``prompt_len`` tokens: checked against the prompt (:func:`check_max_length`,
+    :func:`check_fits`) and its ``max_new_tokens`` clamped to the context (:func:`clamp_to_context`).
+
+    Raises:
+        GenerationConfigError, PromptTooLongError: as those checks.
+    """
+    config = copy.deepcopy(base)
+    check_max_length(config, prompt_len)
+    check_fits(prompt_len, context, max_prompt_len, device)
+    clamp_to_context(config, prompt_len, context)
+    return config
+
+
+def check_max_length(config: GenerationConfig, prompt_len: int) -> None:
+    """Refuse a ``max_length`` (without ``max_new_tokens``) that leaves no room after the prompt, as transformers does.
+
+    Raises:
+        GenerationConfigError: the prompt has at least ``max_length`` tokens.
+    """
+    if config.max_new_tokens is None and config.max_length is not None and prompt_len >= config.max_length:
+        raise GenerationConfigError(f"Input length of input_ids is {prompt_len}, but max_length is set to "
+                                    f"{config.max_length}; increase max_length or, better, set max_new_tokens.")
+
+
 def check_fits(seq_len: int, context: Optional[int], max_prompt_len: Optional[int] = None,
                device: str = "", room_for_next: bool = True) -> None:
     """Refuse a sequence that does not fit the model.
@@ -103,6 +130,28 @@ def clamp_to_context(config: GenerationConfig, prompt_len: int, context: Optiona
                     "generation stops at the context, after at most %d new tokens.",
                     prompt_len, wanted, context, context - prompt_len)
         config.max_new_tokens = context - prompt_len
+
+
+class PromptRows(NamedTuple):
+    """The prompts of one ``generate`` call, checked: ``ids`` the LongTensor ``[B, T]`` as given (padded where the
+    mask pads), ``prompts`` each row's unpadded token ids (``B`` lists)."""
+
+    ids: torch.Tensor
+    prompts: List[List[int]]
+
+
+def prompt_rows(input_ids, attention_mask, vocab_size: int) -> PromptRows:
+    """``generate``'s ``input_ids`` and ``attention_mask`` as rows: one prompt (:func:`check_input_ids`) is a batch of
+    one row; a batch is checked by :func:`check_batch`.
+
+    Raises:
+        InvalidInputError: as :func:`check_input_ids` and :func:`check_batch`.
+    """
+    if is_batch(input_ids, attention_mask):
+        ids, prompts, _ = check_batch(input_ids, attention_mask, vocab_size)
+        return PromptRows(ids, prompts)
+    ids = check_input_ids(input_ids, attention_mask, vocab_size)
+    return PromptRows(ids, [ids[0].tolist()])
 
 
 def is_batch(input_ids, attention_mask) -> bool:

@@ -2,7 +2,6 @@
 ``generate`` (every request a job of the model's engine, :mod:`xpuspec.engine`), ``model(input_ids)``, and
 ``save_low_bit``."""
 
-import copy
 import json
 import logging
 import os
@@ -17,9 +16,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .batching import DEFAULT_MAX_BATCH
 from .cache import METADATA_FILE, atomic_folder, read_metadata, refuse_replacing_anything_kept
 from .errors import OutputExistsError, SpeculativeConfigError
-from .generation import (GenerationStats, batch_stats, check_max_length, eos_ids, pack_batch_output, pack_output,
+from .generation import (GenerationStats, batch_stats, eos_ids, pack_output,
                          resolve_generation_config, stop_strings)
-from .inputs import check_batch, check_fits, check_input_ids, clamp_to_context, is_batch
+from .inputs import check_fits, check_input_ids, prompt_rows, row_config
 from .sources import ModelSource
 from .speculative.config import SpeculativeConfig
 from .speculative.policy import PolicyBook
@@ -214,19 +213,15 @@ class XpuspecModelForCausalLM:
                 or an assistant_model that is not an xpuspec model.
             DraftMismatchError: the assistant's vocabulary differs from this model's.
         """
+        from .decode import new_request
+        from .engine import Job
+
+        rows = prompt_rows(input_ids, attention_mask, self.runner.vocab_size)
+        if streamer is not None and len(rows.prompts) > 1:
+            raise ValueError("TextStreamer only supports batch size 1: a streamer takes one row of tokens "
+                             f"(got a batch of {len(rows.prompts)}); stream one prompt per generate call.")
         spec_args = (prompt_lookup_num_tokens, num_assistant_tokens, num_assistant_tokens_schedule,
                      assistant_confidence_threshold)
-        batch = None
-        if is_batch(input_ids, attention_mask):
-            batch = check_batch(input_ids, attention_mask, self.runner.vocab_size)
-            if streamer is not None and len(batch[1]) > 1:
-                raise ValueError("TextStreamer only supports batch size 1: a streamer takes one row of tokens "
-                                 f"(got a batch of {len(batch[1])}); stream one prompt per generate call.")
-            if int(kwargs.get("num_beams") or 1) > 1:
-                raise NotImplementedError(f"Beam search (num_beams={kwargs['num_beams']}) is not supported; use "
-                                          "num_beams=1.")
-        else:
-            input_ids = check_input_ids(input_ids, attention_mask, self.runner.vocab_size)
         if assistant_model is not None and not isinstance(assistant_model, XpuspecModelForCausalLM):
             raise TypeError(
                 f"assistant_model must be an xpuspec model, got {type(assistant_model).__name__}; "
@@ -235,12 +230,43 @@ class XpuspecModelForCausalLM:
         if assistant_model is not None and assistant_model.runner is self.runner:
             raise ValueError("assistant_model is this model itself; they would share one KV cache. "
                              "Load a separate copy (e.g. with load_in_low_bit='int4_sym') or use speculative='self'.")
+        if speculative is not None and not isinstance(speculative, bool):
+            raise TypeError(f"speculative must be True, False or None, got {speculative!r}.")
+        if speculative and self.speculative_config is None and assistant_model is None and spec_args[0] is None:
+            raise SpeculativeConfigError(
+                "generate(speculative=True) on a model loaded without speculation has nothing to draft with: load it "
+                "with from_pretrained(..., speculative=...), or pass assistant_model= or prompt_lookup_num_tokens=.")
+        base = resolve_generation_config(self.generation_config, generation_config, kwargs)
+        stop = stop_strings(base, tokenizer)
         grammar = self.grammar_for(response_format)
-        if batch is not None:
-            return self._generate_rows(*batch, generation_config, streamer, assistant_model, spec_args, speculative,
-                                       tokenizer, kwargs, grammar)
-        return self._generate_rows(input_ids, [input_ids[0].tolist()], None, generation_config, streamer,
-                                   assistant_model, spec_args, speculative, tokenizer, kwargs, grammar)
+        configs = [row_config(base, len(prompt), self._context_length(), self.runner.max_prompt_len, self.device_name)
+                   for prompt in rows.prompts]
+
+        def prepare(prompt, config, row_streamer):
+            def make():  # in the engine's thread, holding the models' locks
+                plan = plan_speculation(
+                    self, None if speculative is False else self.speculative_config, speculative is not False,
+                    assistant_model, *spec_args)
+                plan, policy, setup_s, skipped = self._policy_for(plan, config)
+                req = new_request(prompt, config, row_streamer, None if plan is None else plan.drafter, policy,
+                                  stop, setup_s, None if grammar is None else grammar(eos_ids(config)))
+                req.stats.draft_model_skipped = skipped
+                return req
+            return make
+
+        models = tuple(m for m in (self, assistant_model, self.draft_model) if m is not None)
+        jobs = [Job(prepare(p, c, streamer), models) for p, c in zip(rows.prompts, configs)]
+        if streamer is not None:
+            streamer.put(rows.ids.cpu())
+        self._engine_loop().run(jobs)
+        if streamer is not None:
+            streamer.end()
+        failed = next((j.error for j in jobs if j.error is not None), None)
+        if failed is not None:
+            raise failed
+        results = [j.result for j in jobs]
+        self.last_generate_stats = batch_stats([r[3] for r in results]) if len(jobs) > 1 else results[0][3]
+        return pack_output(rows.ids, [r[:3] for r in results], base, self.runner.vocab_size)
 
     def grammar_for(self, response_format):
         """``eos -> GrammarMatcher`` for ``response_format`` (compiled now, so a bad one fails before decoding; the
@@ -360,58 +386,6 @@ class XpuspecModelForCausalLM:
             if self._loop is not None:
                 self._loop.stop()
                 self._loop = None
-
-    def _generate_rows(self, ids, prompts, side, generation_config, streamer, assistant_model, spec_args,
-                       speculative, tokenizer, kwargs, grammar=None):
-        """:meth:`generate` for ``prompts`` (one per row of ``ids``), as rows of this model's engine."""
-        from .decode import new_request
-        from .engine import Job
-
-        if speculative is not None and not isinstance(speculative, bool):
-            raise TypeError(f"speculative must be True, False or None, got {speculative!r}.")
-        if speculative and self.speculative_config is None and assistant_model is None and spec_args[0] is None:
-            raise SpeculativeConfigError(
-                "generate(speculative=True) on a model loaded without speculation has nothing to draft with: load it "
-                "with from_pretrained(..., speculative=...), or pass assistant_model= or prompt_lookup_num_tokens=.")
-        base = resolve_generation_config(self.generation_config, generation_config, kwargs)
-        stop = stop_strings(base, tokenizer)
-        context = self._context_length()
-        configs = []
-        for prompt in prompts:
-            config = copy.deepcopy(base)
-            check_max_length(config, len(prompt))
-            check_fits(len(prompt), context, self.runner.max_prompt_len, self.device_name)
-            clamp_to_context(config, len(prompt), context)
-            configs.append(config)
-
-        def prepare(prompt, config, row_streamer):
-            def make():  # in the engine's thread, holding the models' locks
-                plan = plan_speculation(
-                    self, None if speculative is False else self.speculative_config, speculative is not False,
-                    assistant_model, *spec_args)
-                plan, policy, setup_s, skipped = self._policy_for(plan, config)
-                req = new_request(prompt, config, row_streamer, None if plan is None else plan.drafter, policy,
-                                  stop, setup_s, None if grammar is None else grammar(eos_ids(config)))
-                req.stats.draft_model_skipped = skipped
-                return req
-            return make
-
-        models = tuple(m for m in (self, assistant_model, self.draft_model) if m is not None)
-        jobs = [Job(prepare(p, c, streamer), models) for p, c in zip(prompts, configs)]
-        if streamer is not None:
-            streamer.put(ids.cpu())
-        self._engine_loop().run(jobs)
-        if streamer is not None:
-            streamer.end()
-        failed = next((j.error for j in jobs if j.error is not None), None)
-        if failed is not None:
-            raise failed
-        results = [j.result for j in jobs]
-        self.last_generate_stats = batch_stats([r[3] for r in results]) if len(jobs) > 1 else results[0][3]
-        if len(jobs) == 1 and side is None:
-            new, scores, raw, _ = results[0]
-            return pack_output(ids, new, scores, raw, base)
-        return pack_batch_output(ids, [r[:3] for r in results], base, self.runner.vocab_size)
 
     def _prepare_speculation(self) -> None:
         """At load, what the first speculative request would otherwise spend its setup on: the second compiled copy

@@ -8,7 +8,7 @@ from typing import List, Sequence
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList
 
 from .generation import eos_ids, logits_processor, min_new_tokens
 
@@ -29,10 +29,11 @@ LENGTH_RULES = ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")
 
 
 class Scorer:
-    """transformers' processors for ``config`` at a request of ``prompt_len`` prompt tokens."""
+    """transformers' ``processors`` (a ``LogitsProcessorList``, as :func:`xpuspec.generation.logits_processor` builds
+    for a request) applied to raw logits."""
 
-    def __init__(self, config: GenerationConfig, prompt_len: int):
-        self.processors = logits_processor(config, prompt_len)
+    def __init__(self, processors: LogitsProcessorList):
+        self.processors = processors
 
     @property
     def only_length_rules(self) -> bool:
@@ -60,10 +61,11 @@ class LengthRuleScorer(Scorer):
     transformers' ``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor`` do, without their
     per-step tensor work."""
 
-    def __init__(self, config: GenerationConfig, prompt_len: int):
-        super().__init__(config, prompt_len)
-        self.minimum = prompt_len + min_new_tokens(config, prompt_len)
-        self.eos = eos_ids(config)
+    def __init__(self, processors: LogitsProcessorList, minimum: int, eos: Sequence[int]):
+        """``minimum``: the sequence length (prompt included) below which EOS is forbidden; ``eos``: the EOS ids."""
+        super().__init__(processors)
+        self.minimum = minimum
+        self.eos = list(eos)
         self._eos_set = frozenset(self.eos)
 
     def _masked(self, length: int, logits: torch.Tensor) -> torch.Tensor:
@@ -98,7 +100,8 @@ class LengthRuleScorer(Scorer):
 
 def scorer_for(config: GenerationConfig, prompt_len: int) -> Scorer:
     """The cheapest :class:`Scorer` that computes what transformers' processors would for ``config``."""
-    plain = Scorer(config, prompt_len)
-    if not config.do_sample and plain.only_length_rules:
-        return LengthRuleScorer(config, prompt_len)
-    return plain
+    minimum = prompt_len + min_new_tokens(config, prompt_len)
+    scorer = Scorer(logits_processor(config, prompt_len))
+    if not config.do_sample and scorer.only_length_rules:
+        return LengthRuleScorer(scorer.processors, minimum, eos_ids(config))
+    return scorer
