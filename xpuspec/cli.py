@@ -151,7 +151,8 @@ def _train_draft(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     report = train_head(args.model, args.data, args.out, steps=args.steps, seq_len=args.seq_len, lr=args.lr,
                         ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab_size,
-                        checkpoint_every=args.checkpoint_every, continue_tokens=args.continue_tokens)
+                        checkpoint_every=args.checkpoint_every, continue_tokens=args.continue_tokens,
+                        target_low_bit=args.low_bit)
     print(f"{args.out}: {report.steps} steps, loss {report.loss:.3f}, held-out acceptance per position "
           f"{[round(a, 3) for a in report.acceptance]}")
     return 0
@@ -326,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--continue-tokens", type=int, default=128, metavar="N",
                    help="train on pieces of the text continued by the model itself for up to N tokens "
                         "(self-distillation; 0: the text as it is; default 128)")
+    p.add_argument("--low-bit", default="int8_asym", choices=FORMATS,
+                   help="the target's weights for its continuations and the passes the head learns from: the format "
+                        "the head will draft for (default int8_asym)")
     p.set_defaults(run=_train_draft)
 
     from .bench.harness import add_arguments as bench_arguments, main as bench_main

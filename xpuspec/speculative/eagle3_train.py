@@ -1,8 +1,9 @@
 """Train an EAGLE-3 head for a target on the CPU, and save it in the Speculators format (``xpuspec train-draft``).
 
-The training follows the ``speculators`` package's EAGLE-3 recipe (``models/eagle3/core.py``): the target (a
-transformers model, float32) reads the user's text once per sequence and gives the taps and its own next-token
-distribution (self-distillation: the head learns the target's distribution, restricted to the draft vocabulary, with
+The training follows the ``speculators`` package's EAGLE-3 recipe (``models/eagle3/core.py``): the target (on
+xpuspec's own OpenVINO runner in ``target_low_bit``, the weights a head usually drafts for, with the taps as outputs
+of its pass: :meth:`xpuspec.runner.Runner.set_taps`) reads the user's text once per sequence and gives the taps and
+its own next-token distribution (self-distillation: the head learns the target's distribution, restricted to the draft vocabulary, with
 a soft cross-entropy); the head runs ``ttt_steps`` test-time-training steps, step ``k`` fed the true next tokens and
 its own outputs of step ``k - 1``, each query attending the step-0 entries up to itself and its own entries of the
 earlier steps. Sequence index ``t`` holds token ``x[t+1]`` beside the target's taps at ``t`` (``shift_batch``).
@@ -15,11 +16,12 @@ through. A held-out tenth of the sequences reports the acceptance per draft posi
 the target's, given that every earlier position was accepted, teacher-forced).
 
 With ``continue_tokens`` each piece of text (``seq_len - continue_tokens`` tokens) is a prompt that the target
-continues itself (greedy, 16 prompts a batch, on xpuspec's own engine in ``continue_low_bit``), which is what the
+continues itself (greedy, 16 prompts a batch, on the same engine), which is what the
 head will see at decode time. The target's pass over each sequence is computed once and kept (taps in float16 and
 its 32 most likely draft tokens per position, about 1 MB per 256-token sequence of SmolLM2), so later epochs cost
-only the head's steps. Not yet: chat templates
-for chat datasets, batches of several sequences per step, and taps from a target faster than float32 torch.
+only the head's steps. The transformers model is read once, at the start of a new run, for the weights a head
+starts from (the embeddings, the readout). Not yet: chat templates for chat datasets, and batches of several
+sequences per step.
 """
 
 import json
@@ -134,14 +136,15 @@ def _head_steps(head: Eagle3Head, tokens: torch.Tensor, taps: torch.Tensor, step
 def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int = 256, lr: float = 3e-4,
                ttt_steps: int = 3, draft_vocab_size: int = 32000, checkpoint_every: int = 100, seed: int = 0,
                progress: bool = True, log=print, continue_tokens: int = 0,
-               continue_low_bit: str = "int8_asym") -> TrainReport:
+               target_low_bit: str = "int8_asym") -> TrainReport:
     """Train a head for ``model`` (a transformers folder or name :func:`xpuspec.pull` knows) on the texts of
     ``data`` and save it to ``out`` in the Speculators format (resuming from ``out``'s checkpoint if any).
 
     ``continue_tokens`` > 0: each sequence is a ``seq_len - continue_tokens``-token piece of the text followed by the
     target's own greedy continuation of up to that many tokens (self-distillation on the target's outputs: a head
     trained on the target's own text is accepted far more often, see ``tests/test_eagle3.py``); the continuations
-    are kept in ``out`` and reused by a resumed run.
+    are kept in ``out`` and reused by a resumed run. ``target_low_bit``: the target's weights for its continuations
+    and its passes (:class:`TargetPasses`).
 
     Raises:
         ModelSourceError: no text, or a target architecture a head cannot be built from.
@@ -156,13 +159,12 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     source = resolve_source(model)
     config = transformers.AutoConfig.from_pretrained(source.path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(source.path)
-    target = transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32).eval()
     taps_ids = default_layer_ids(config.num_hidden_layers)
     texts = read_texts(data)
+    target = TargetPasses(model, target_low_bit, taps_ids)
     if continue_tokens > 0:
         prompts = _chunks(tokenizer, texts, max(8, seq_len - continue_tokens))
-        sequences = _own_continuations(model, prompts, continue_tokens, out / "own-outputs.json", progress,
-                                       continue_low_bit)
+        sequences = _own_continuations(target.model, prompts, continue_tokens, out / "own-outputs.json", progress)
     else:
         sequences = _chunks(tokenizer, texts, seq_len)
     if len(sequences) < 2:
@@ -175,10 +177,12 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
         rng.shuffle(order)
         held = max(1, len(order) // 10)
         draft_ids = _frequent_predictions(target, [sequences[i] for i in order[held:]][:64], draft_vocab_size)
+        weights = transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32)
         head_dir = new_head(config, out / "init", draft_ids=draft_ids, layer_ids=taps_ids,
                             speculative_tokens=ttt_steps, verifier=str(model), seed=seed,
-                            embeddings=target.get_input_embeddings().weight.detach(), force=True,
-                            lm_head=target.get_output_embeddings().weight, norm=_final_norm(target))
+                            embeddings=weights.get_input_embeddings().weight.detach(), force=True,
+                            lm_head=weights.get_output_embeddings().weight, norm=_final_norm(weights))
+        del weights
         state = {"step": 0, "order": order, "held": held, "draft_ids": draft_ids, "head": None, "optim": None,
                  "torch_rng": None, "losses": []}
     else:
@@ -205,7 +209,7 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
         index = train[state["step"] % len(train)]
         seq = torch.tensor(sequences[index])
         if index not in passes:
-            passes[index] = _teacher(target, seq, taps_ids, draft_ids)
+            passes[index] = _teacher(target, seq, draft_ids)
         taps, top_p, top_i = passes[index]
         loss = _loss(_head_steps(head, seq, taps.float(), ttt_steps), top_p.float(), top_i)
         optim.zero_grad()
@@ -224,28 +228,54 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     bar.close()
     head.eval()
     acceptance = evaluate(head, target, [torch.tensor(sequences[i]) for i in state["order"][:state["held"]]],
-                          taps_ids, ttt_steps)
+                          ttt_steps)
     _save(head, head_dir, out)
     loss = sum(state["losses"]) / max(1, len(state["losses"]))
     log(f"held-out acceptance per position: {', '.join(f'{a:.3f}' for a in acceptance)}")
     return TrainReport(state["step"], loss, acceptance, resumed_from)
 
 
-def _own_continuations(model: str, prompts: List[List[int]], tokens: int, cache: Path, progress: bool,
-                       low_bit: str, batch: int = 16) -> List[List[int]]:
-    """Each prompt followed by the target's greedy continuation of up to ``tokens`` tokens (cut after its end of
-    sequence), generated by xpuspec's own engine on OpenVINO in ``low_bit`` (the weights a head usually drafts for;
-    3x faster than transformers' float32 generate, measured on SmolLM2), ``batch`` prompts at a time. Kept in
-    ``cache``, written by rename after each batch, so an interrupted run keeps what it generated."""
+class TargetPasses:
+    """The target's pass over a sequence, as a head learns from it: ``passes(seq)`` gives the taps ``[m, 3H]`` and
+    the logits ``[m, V]`` (float32) of the ``m`` tokens of ``seq`` (LongTensor ``[m]``), from one pass of xpuspec's
+    own engine on OpenVINO in ``low_bit`` (the weights a head usually drafts for: it learns the taps and the
+    distribution of the target that verifies its drafts), whose graph outputs the residual stream entering the
+    layers ``taps_ids`` (:meth:`xpuspec.runner.Runner.set_taps`, as when the head drafts). ``model`` is that
+    :class:`xpuspec.XpuspecModelForCausalLM`, which also continues the prompts (:func:`_own_continuations`).
+
+    Its source: transformers' float32 model, which this replaced, took 1.2-1.5 s per 320-token SmolLM2 pass on one
+    torch thread (``benchmarks/results/eagle3.md``); its taps equal these within 2e-3 on values up to 2.4e4."""
+
+    def __init__(self, model: str, low_bit: str, taps_ids: Sequence[int]):
+        from .. import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model, load_in_low_bit=low_bit)
+        self.model.runner.set_taps(list(taps_ids))
+        self.vocab_size = self.model.runner.vocab_size
+
+    @torch.no_grad()
+    def __call__(self, seq: torch.Tensor):
+        runner = self.model.runner
+        runner.reset()
+        logits = runner.forward(seq.tolist())
+        _, taps = runner.last_taps
+        runner.reset()
+        return taps, logits
+
+
+def _own_continuations(target, prompts: List[List[int]], tokens: int, cache: Path, progress: bool,
+                       batch: int = 16) -> List[List[int]]:
+    """Each prompt followed by ``target``'s (an xpuspec model's) greedy continuation of up to ``tokens`` tokens (cut
+    after its end of sequence), generated by xpuspec's own engine (3x faster than transformers' float32 generate,
+    measured on SmolLM2), ``batch`` prompts at a time. Kept in ``cache``, written by rename after each batch, so an
+    interrupted run keeps what it generated."""
     from tqdm.auto import tqdm
 
-    from .. import AutoModelForCausalLM
     from ..generation import eos_ids
 
     done = json.loads(cache.read_text()) if cache.is_file() else []
     if len(done) >= len(prompts):
         return done
-    target = AutoModelForCausalLM.from_pretrained(model, load_in_low_bit=low_bit)
     stops = set(eos_ids(target.generation_config))
     pad = target.generation_config.pad_token_id
     pad = next(iter(stops), 0) if pad is None else pad
@@ -275,30 +305,24 @@ def _final_norm(target) -> Optional[torch.Tensor]:
 
 @torch.no_grad()
 def _frequent_predictions(target, sequences, size: int) -> List[int]:
-    """The ``size`` token ids the target predicts most often (greedy) on ``sequences``, then the lowest ids."""
-    vocab = target.config.vocab_size
+    """The ``size`` token ids the target (:class:`TargetPasses`) predicts most often (greedy) on ``sequences``, then
+    the lowest ids."""
+    vocab = target.vocab_size
     if size >= vocab:
         return list(range(vocab))
     counts = torch.zeros(vocab)
     for seq in sequences:
-        counts += torch.bincount(target(torch.tensor([seq])).logits[0].argmax(-1), minlength=vocab)[:vocab].float()
+        counts += torch.bincount(target(torch.tensor(seq))[1].argmax(-1), minlength=vocab)[:vocab].float()
     order = sorted(range(vocab), key=lambda i: (-float(counts[i]), i))
     return sorted(order[:size])
 
 
 @torch.no_grad()
-def _target_pass(target, seq: torch.Tensor, taps_ids):
-    """The target's taps ``[m, 3H]`` and logits ``[m, V]`` over ``seq`` (one pass)."""
-    out = target(seq[None], output_hidden_states=True)
-    return torch.cat([out.hidden_states[i][0] for i in taps_ids], dim=-1), out.logits[0]
-
-
-@torch.no_grad()
-def _teacher(target, seq: torch.Tensor, taps_ids, draft_ids: torch.Tensor, keep: int = TEACHER_TOP):
-    """What a training step needs from the target's pass over ``seq``, kept small enough to hold for every
-    sequence: the taps ``[m, 3H]`` (float16) and the ``keep`` most likely draft tokens' probabilities and draft ids
-    ``[m, keep]`` (float16, int64)."""
-    taps, logits = _target_pass(target, seq, taps_ids)
+def _teacher(target, seq: torch.Tensor, draft_ids: torch.Tensor, keep: int = TEACHER_TOP):
+    """What a training step needs from the target's pass over ``seq`` (:class:`TargetPasses`), kept small enough to
+    hold for every sequence: the taps ``[m, 3H]`` (float16) and the ``keep`` most likely draft tokens' probabilities
+    and draft ids ``[m, keep]`` (float16, int64)."""
+    taps, logits = target(seq)
     probs = torch.softmax(logits[:, draft_ids], dim=-1)
     top = probs.topk(min(keep, probs.shape[-1]), dim=-1)
     return taps.half(), top.values.half(), top.indices
@@ -318,12 +342,13 @@ def _loss(step_logits: List[torch.Tensor], top_p: torch.Tensor, top_i: torch.Ten
 
 
 @torch.no_grad()
-def evaluate(head: Eagle3Head, target, sequences, taps_ids, steps: int) -> List[float]:
+def evaluate(head: Eagle3Head, target, sequences, steps: int) -> List[float]:
     """Held-out acceptance per draft position: the fraction of positions where the head's greedy token (mapped to
-    target ids) equals the target's greedy token at this step and at every earlier one (teacher-forced)."""
+    target ids) equals the target's (:class:`TargetPasses`) greedy token at this step and at every earlier one
+    (teacher-forced)."""
     hits, seen = [0.0] * steps, [0.0] * steps
     for seq in sequences:
-        taps, logits = _target_pass(target, seq, taps_ids)
+        taps, logits = target(seq)
         want = logits.argmax(-1)
         alive = None
         for k, logits in enumerate(_head_steps(head, seq, taps, steps)):
