@@ -2,6 +2,7 @@
 ``speculators`` package's own, the d2t mapping and the head's KV-cache rollback."""
 
 import copy
+import json
 import sys
 import types
 
@@ -128,6 +129,27 @@ def test_d2t_maps_draft_ids_to_target_ids(tiny_target, tmp_path):
     full = head.to_target(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), 16)
     assert full[0, [3, 5, 9, 15]].tolist() == [1.0, 2.0, 3.0, 4.0]
     assert torch.isinf(full).sum() == 12 and int(full.argmax()) == 15
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_a_head_is_built_for_a_target_whose_config_lists_every_layers_type(tmp_path, model_type):
+    """Qwen2/Qwen3 configs carry ``layer_types``, one entry per layer of the target; transformers refuses a one-layer
+    config with 8 of them (train-draft for Qwen2.5-Coder-1.5B failed there). The head's config keeps one, and a head
+    written with the target's whole list (by an earlier xpuspec) still reads."""
+    from transformers import AutoConfig
+
+    target = AutoConfig.for_model(model_type, vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    assert len(target.layer_types) == 8
+    folder = new_head(target, tmp_path / "head", seed=0)
+    written = json.loads((folder / "config.json").read_text())["transformer_layer_config"]
+    assert written["num_hidden_layers"] == 1 and len(written["layer_types"]) == 1
+    spec = read_head(folder)
+    Eagle3Head.load(spec, check_head(spec, 32, 16, 8))
+    raw = json.loads((folder / "config.json").read_text())
+    raw["transformer_layer_config"]["layer_types"] = target.layer_types
+    (folder / "config.json").write_text(json.dumps(raw))
+    assert read_head(folder).layer_config.num_hidden_layers == 1
 
 
 def test_mismatched_head_is_refused_naming_each_mismatch(tiny_target, tmp_path):

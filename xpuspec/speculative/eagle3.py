@@ -484,8 +484,7 @@ def new_head(target_config, folder, draft_ids: Optional[Sequence[int]] = None, l
     if model_type not in LAYER_TYPES:
         raise ModelSourceError(f"EAGLE-3 heads are built from {', '.join(LAYER_TYPES)} layers; this target is "
                                f"{model_type!r}.")
-    layer = target_config.to_dict()
-    layer.update(num_hidden_layers=1, model_type=model_type)
+    layer = _one_layer(dict(target_config.to_dict(), model_type=model_type))
     for key in ("architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "auto_map"):
         layer.pop(key, None)
     vocab = int(target_config.vocab_size)
@@ -536,8 +535,21 @@ def new_head(target_config, folder, draft_ids: Optional[Sequence[int]] = None, l
     return folder
 
 
+def _one_layer(layer: dict, layers: int = 1) -> dict:
+    """A target's config (as a dict) made the config of ``layers`` decoder layers: its per-layer lists
+    (``layer_types``, which Qwen2 and Qwen3 configs carry for every layer of the target, and which transformers
+    requires to have one entry per layer) cut to the first ``layers``."""
+    layer = dict(layer, num_hidden_layers=layers)
+    if isinstance(layer.get("layer_types"), list):
+        layer["layer_types"] = layer["layer_types"][:layers]
+    return layer
+
+
 def _layer_config(layer: dict):
+    """``transformer_layer_config`` as a transformers config (a head written with the target's whole
+    ``layer_types`` is read as one of its own layers)."""
     from transformers import AutoConfig
 
+    layer = _one_layer(layer, int(layer.get("num_hidden_layers", 1)))
     fields = {k: v for k, v in layer.items() if k != "model_type"}
     return AutoConfig.for_model(layer["model_type"], **fields)
