@@ -135,17 +135,22 @@ def test_d2t_maps_draft_ids_to_target_ids(tiny_target, tmp_path):
 def test_a_head_is_built_for_a_target_whose_config_lists_every_layers_type(tmp_path, model_type):
     """Qwen2/Qwen3 configs carry ``layer_types``, one entry per layer of the target; transformers refuses a one-layer
     config with 8 of them (train-draft for Qwen2.5-Coder-1.5B failed there). The head's config keeps one, and a head
-    written with the target's whole list (by an earlier xpuspec) still reads."""
+    written with the target's whole list (by an earlier xpuspec) still reads. A Qwen2 head drafts (its rotary
+    tables were built 2H / heads wide where the config names no head_dim, and its first step failed)."""
     from transformers import AutoConfig
 
+    dims = dict(head_dim=8) if model_type == "qwen3" else {}  # Qwen2 configs name no head_dim: hidden / heads
     target = AutoConfig.for_model(model_type, vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+                                  num_attention_heads=4, num_key_value_heads=2, **dims)
     assert len(target.layer_types) == 8
     folder = new_head(target, tmp_path / "head", seed=0)
     written = json.loads((folder / "config.json").read_text())["transformer_layer_config"]
     assert written["num_hidden_layers"] == 1 and len(written["layer_types"]) == 1
     spec = read_head(folder)
-    Eagle3Head.load(spec, check_head(spec, 32, 16, 8))
+    head = Eagle3Head.load(spec, check_head(spec, 32, 16, 8))
+    with torch.no_grad():  # the rotary tables fit the heads (a 2H-wide head_dim did not, for Qwen2)
+        logits, _ = head([3, 4, 5], head.project(torch.randn(3, 96)), head.new_cache())
+    assert logits.shape == (3, 16) and torch.isfinite(logits).all()
     raw = json.loads((folder / "config.json").read_text())
     raw["transformer_layer_config"]["layer_types"] = target.layer_types
     (folder / "config.json").write_text(json.dumps(raw))

@@ -298,6 +298,7 @@ class Eagle3Head(torch.nn.Module):
         self.layers = torch.nn.ModuleList(layers)
         rotary_config = copy.copy(config)  # speculators builds its rotary embedding on a 2H-wide config
         rotary_config.hidden_size = 2 * hidden
+        rotary_config.head_dim = head_dim  # a config without head_dim (Qwen2) would take 2H / heads
         self.rotary = rotary_cls(rotary_config)
         self.norm = norm_cls(hidden, eps=eps)
         self.lm_head = torch.nn.Linear(hidden, spec.draft_vocab_size, bias=False)
