@@ -239,7 +239,8 @@ class XpuspecModelForCausalLM:
         base = resolve_generation_config(self.generation_config, generation_config, kwargs)
         stop = stop_strings(base, tokenizer)
         grammar = self.grammar_for(response_format)
-        configs = [row_config(base, len(prompt), self._context_length(), self.runner.max_prompt_len, self.device_name)
+        context = self._context_length()
+        configs = [row_config(base, len(prompt), context, self.runner.max_prompt_len, self.device_name)
                    for prompt in rows.prompts]
 
         def prepare(prompt, config, row_streamer):
