@@ -352,8 +352,9 @@ def batch_stats(rows: List[GenerationStats]) -> GenerationStats:
 def pack_output(prompt_ids: torch.Tensor, rows, config: GenerationConfig, vocab_size: int):
     """What ``transformers.generate`` returns for one prompt or a batch: ``[B, T + new]`` (``new``: the longest row's
     new tokens), each row's new tokens after its (padded) prompt and ``pad_token_id`` after a row's end (the first EOS
-    id where no pad token is set, as transformers does); or :class:`GenerateDecoderOnlyOutput` with per-step ``scores`` /
-    ``logits`` of shape ``[B, vocab]`` (a row past its end scores ``pad_token_id`` 0 and every other token -inf).
+    id where no pad token is set, as transformers does); or :class:`GenerateDecoderOnlyOutput` with per-step
+    ``scores`` / ``logits`` of shape ``[B, vocab]`` (a row past its end scores ``pad_token_id`` 0 and every other
+    token -inf).
 
     Args:
         prompt_ids: the ``[B, T]`` ids as given; rows: per row ``(new, scores, logits)`` as the decode loop gives.
