@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from xpuspec import AutoModelForCausalLM
 from xpuspec.speculative.eagle3 import Eagle3Head, read_head
 from xpuspec.speculative.eagle3_train import TargetPasses, evaluate
 
@@ -39,7 +40,8 @@ def main() -> int:
     for path in sorted(args.checkpoints):
         state = torch.load(path, weights_only=False)
         if target is None:
-            target = TargetPasses(args.model, args.low_bit, spec.layer_ids)
+            target = TargetPasses(AutoModelForCausalLM.from_pretrained(args.model, load_in_low_bit=args.low_bit),
+                                  spec.layer_ids)
         head = Eagle3Head.load(spec, spec.layer_ids)  # train-draft's init head names its taps
         head.load_state_dict(state["head"])
         head.eval()

@@ -148,8 +148,7 @@ def prompt_rows(input_ids, attention_mask, vocab_size: int) -> PromptRows:
         InvalidInputError: as :func:`check_input_ids` and :func:`check_batch`.
     """
     if is_batch(input_ids, attention_mask):
-        ids, prompts, _ = check_batch(input_ids, attention_mask, vocab_size)
-        return PromptRows(ids, prompts)
+        return check_batch(input_ids, attention_mask, vocab_size)
     ids = check_input_ids(input_ids, attention_mask, vocab_size)
     return PromptRows(ids, [ids[0].tolist()])
 
@@ -169,10 +168,9 @@ def is_batch(input_ids, attention_mask) -> bool:
     return False
 
 
-def check_batch(input_ids, attention_mask, vocab_size: int):
+def check_batch(input_ids, attention_mask, vocab_size: int) -> PromptRows:
     """Validate a batch of prompts as transformers takes it (``tok(prompts, padding=True, return_tensors="pt")``)
-    and return ``(ids, prompts, side)``: the LongTensor ``[B, T]``, each row's unpadded token ids, and the padding
-    side (``"left"``, ``"right"``, or ``None`` where no row is padded).
+    and return its :class:`PromptRows`: the LongTensor ``[B, T]`` and each row's unpadded token ids.
 
     Args:
         input_ids: ``[B, T]`` integer ids (tensor, array, or a list of equal-length lists).
@@ -234,7 +232,7 @@ def check_batch(input_ids, attention_mask, vocab_size: int):
         raise InvalidInputError(
             f"input_ids holds token id {low if low < 0 else high}, outside this model's vocabulary "
             f"(0..{vocab_size - 1}); encode the prompts with this model's own tokenizer.")
-    return ids, prompts, (sides.pop() if sides else None)
+    return PromptRows(ids, prompts)
 
 
 def _rows(input_ids) -> bool:

@@ -161,12 +161,15 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     tokenizer = transformers.AutoTokenizer.from_pretrained(source.path)
     taps_ids = default_layer_ids(config.num_hidden_layers)
     texts = read_texts(data)
-    target = TargetPasses(model, target_low_bit, taps_ids)
+    from .. import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(model, load_in_low_bit=target_low_bit)
     if continue_tokens > 0:
         prompts = _chunks(tokenizer, texts, max(8, seq_len - continue_tokens))
-        sequences = _own_continuations(target.model, prompts, continue_tokens, out / "own-outputs.json", progress)
+        sequences = _own_continuations(loaded, prompts, continue_tokens, out / "own-outputs.json", progress)
     else:
         sequences = _chunks(tokenizer, texts, seq_len)
+    target = TargetPasses(loaded, taps_ids)  # the taps only now: the continuations' passes do not need them
     if len(sequences) < 2:
         raise ModelSourceError(f"The training text gives {len(sequences)} sequence(s) of {seq_len} tokens; give more.")
     state_file = out / CHECKPOINT
@@ -237,20 +240,17 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
 
 class TargetPasses:
     """The target's pass over a sequence, as a head learns from it: ``passes(seq)`` gives the taps ``[m, 3H]`` and
-    the logits ``[m, V]`` (float32) of the ``m`` tokens of ``seq`` (LongTensor ``[m]``), from one pass of xpuspec's
-    own engine on OpenVINO in ``low_bit`` (the weights a head usually drafts for: it learns the taps and the
-    distribution of the target that verifies its drafts), whose graph outputs the residual stream entering the
-    layers ``taps_ids`` (:meth:`xpuspec.runner.Runner.set_taps`, as when the head drafts). ``model`` is that
-    :class:`xpuspec.XpuspecModelForCausalLM`, which also continues the prompts (:func:`_own_continuations`).
+    the logits ``[m, V]`` (float32) of the ``m`` tokens of ``seq`` (LongTensor ``[m]``), from one pass of ``model``
+    (an :class:`xpuspec.XpuspecModelForCausalLM` on OpenVINO, in the weights a head usually drafts for: it learns the
+    taps and the distribution of the target that verifies its drafts), whose graph then outputs the residual stream
+    entering the layers ``taps_ids`` (:meth:`xpuspec.runner.Runner.set_taps`, as when the head drafts).
 
     It replaced transformers' float32 model: a 320-token pass of SmolLM2 0.40 s against 1.16 s (torch on one
     thread), of Qwen2.5-Coder-1.5B 2.43 s against 5.95 s (two threads), the int8 taps within 1.3% and 0.7% of the
     float32 ones (``benchmarks/eagle3_teacher_pass.py``, ``benchmarks/results/eagle3.md``)."""
 
-    def __init__(self, model: str, low_bit: str, taps_ids: Sequence[int]):
-        from .. import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(model, load_in_low_bit=low_bit)
+    def __init__(self, model, taps_ids: Sequence[int]):
+        self.model = model
         self.model.runner.set_taps(list(taps_ids))
         self.vocab_size = self.model.runner.vocab_size
 
