@@ -456,6 +456,48 @@ def words_text(tmp_path_factory):
     return folder
 
 
+def test_a_batch_of_padded_sequences_trains_each_row_as_alone(tiny_target, tmp_path, one_thread):
+    """Training steps on sequences of 7 and 11 tokens padded into one batch give each row's draft logits as the row
+    alone, at every position the loss reads (the padding reaches no real entry), and the batch's loss is the mean of
+    the rows' per-position losses."""
+    from transformers import AutoConfig
+
+    from xpuspec.speculative.eagle3_train import _Batch, _head_steps, _loss
+
+    config = AutoConfig.from_pretrained(tiny_target)
+    spec = read_head(new_head(config, tmp_path / "head", seed=3))
+    head = Eagle3Head.load(spec, check_head(spec, config.hidden_size, config.vocab_size, TINY_LAYERS))
+    torch.manual_seed(0)
+    lengths, m = [7, 11], 11
+    seqs = [torch.randint(0, config.vocab_size, (n,)) for n in lengths]
+    taps = [torch.randn(n, 3 * config.hidden_size) for n in lengths]
+    top_i = [torch.randint(0, spec.draft_vocab_size, (n, 4)) for n in lengths]
+    top_p = [torch.softmax(torch.randn(n, 4), -1) for n in lengths]
+
+    def pad(t):
+        return torch.cat([t, t.new_zeros((m - t.shape[0],) + tuple(t.shape[1:]))])
+
+    batch = _Batch(*(torch.stack([pad(t) for t in ts]) for ts in (seqs, taps, top_p, top_i)), lengths)
+    together = _head_steps(head, batch.tokens, batch.taps, 3)
+    losses = []
+    for row, n in enumerate(lengths):
+        alone = _head_steps(head, seqs[row][None], taps[row][None], 3)
+        for k in range(3):
+            keep = n - 1 - k
+            assert keep > 0 and torch.allclose(together[k][row, :keep], alone[k][0, :keep], atol=1e-5)
+        losses.append(_loss(alone, _Batch(seqs[row][None], taps[row][None], top_p[row][None], top_i[row][None], [n])))
+    # the batch's mean per step weighs each row by its positions: recompute it from the rows alone
+    per_step = []
+    for k in range(3):
+        ce = []
+        for row, n in enumerate(lengths):
+            logp = torch.log_softmax(together[k][row, :n - 1 - k], -1).gather(-1, top_i[row][1 + k:n])
+            ce.append(-(top_p[row][1 + k:n] * logp).sum(-1))
+        per_step.append(torch.cat(ce).mean())
+    assert torch.allclose(_loss(together, batch), sum(per_step), atol=1e-5)
+    assert not torch.allclose(_loss(together, batch), (losses[0] + losses[1]) / 2, atol=1e-3)  # weighed by positions
+
+
 def test_training_resumes_to_the_same_weights(tiny_target, words_text, tmp_path, one_thread):
     """6 steps in one run, and 3 steps then a resumed run to 6, end with the same head (an interrupted run loses
     nothing); the saved folder is a Speculators head that loads."""
@@ -467,6 +509,8 @@ def test_training_resumes_to_the_same_weights(tiny_target, words_text, tmp_path,
                 continue_tokens=8)
     whole = train_head(str(tiny_target), [words_text], tmp_path / "whole", steps=6, **args)
     first = train_head(str(tiny_target), [words_text], tmp_path / "cut", steps=3, **args)
+    with pytest.raises(ValueError, match="batch_size 1: resume with that"):
+        train_head(str(tiny_target), [words_text], tmp_path / "cut", steps=6, batch_size=2, **args)
     resumed = train_head(str(tiny_target), [words_text], tmp_path / "cut", steps=6, **args)
     assert (whole.steps, first.steps, resumed.steps, resumed.resumed_from) == (6, 3, 6, 3)
     a, b = load_file(str(tmp_path / "whole" / "model.safetensors")), load_file(str(tmp_path / "cut" / "model.safetensors"))

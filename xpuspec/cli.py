@@ -146,13 +146,13 @@ def _train_draft(args) -> int:
 
     if args.continue_tokens < 0:
         raise ValueError(f"--continue-tokens must be 0 or more, got {args.continue_tokens}.")
-    for name in ("steps", "seq_len", "ttt_steps", "draft_vocab_size", "checkpoint_every"):
+    for name in ("steps", "seq_len", "ttt_steps", "draft_vocab_size", "checkpoint_every", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     report = train_head(args.model, args.data, args.out, steps=args.steps, seq_len=args.seq_len, lr=args.lr,
                         ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab_size,
                         checkpoint_every=args.checkpoint_every, continue_tokens=args.continue_tokens,
-                        target_low_bit=args.low_bit)
+                        target_low_bit=args.low_bit, batch_size=args.batch_size, bf16=args.bf16)
     print(f"{args.out}: {report.steps} steps, loss {report.loss:.3f}, held-out acceptance per position "
           f"{[round(a, 3) for a in report.acceptance]}")
     return 0
@@ -318,7 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="eagle3", choices=("eagle3",))
     p.add_argument("--out", required=True, metavar="DIR", help="the head's folder (and its resumable checkpoint)")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH", help=".txt / .jsonl files or folders of them")
-    p.add_argument("--steps", type=int, default=2000, help="optimizer steps, one sequence each (default 2000)")
+    p.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per step (default 1)")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="the head's steps in bfloat16 autocast (default: where the CPU has bfloat16 products)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence (default 256)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--ttt-steps", type=int, default=3, help="draft positions trained (default 3)")

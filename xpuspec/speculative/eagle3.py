@@ -410,19 +410,23 @@ class Eagle3Head(torch.nn.Module):
         under ``torch.inference_mode()``; training passes ``positions`` and ``mask`` (its test-time-training steps).
 
         Args:
-            tokens: target token ids, one per entry (a list, or a long tensor ``[n]``).
-            hidden: ``[n, H]`` float32: :meth:`project`-ed taps, or the head's own outputs of the previous entries.
+            tokens: target token ids, one per entry (a list, or a long tensor ``[n]``); training passes ``[B, n]``,
+                ``B`` sequences of one length at once (the same positions and mask for every row).
+            hidden: ``[n, H]`` (or ``[B, n, H]``) float32: :meth:`project`-ed taps, or the head's own outputs of the
+                previous entries.
             cache: the request's :class:`HeadCache`.
             positions: ``[n]`` rotary positions (default ``cache.length + 1`` on).
             mask: ``[n, cache.length + n]`` additive attention mask (default causal).
 
         Returns:
             ``(logits, out)``: ``[n, draft_vocab_size]`` draft-vocabulary logits and ``[n, H]`` outputs to feed the
-            next entries.
+            next entries (``[B, n, ...]`` for ``[B, n]`` tokens).
         """
-        n = len(tokens)
-        ids = torch.as_tensor(tokens, dtype=torch.long).reshape(1, n)
-        x = torch.cat([self.embed(ids), hidden.reshape(1, n, -1).float()], dim=-1)
+        ids = torch.as_tensor(tokens, dtype=torch.long)
+        batched = ids.dim() == 2
+        ids = ids.reshape(-1, ids.shape[-1])
+        rows, n = ids.shape
+        x = torch.cat([self.embed(ids), hidden.reshape(rows, n, -1).float()], dim=-1)
         past = cache.length
         positions = (torch.arange(past + 1, past + 1 + n) if positions is None else positions).reshape(1, n)
         cos_sin = self.rotary(x, positions)
@@ -433,8 +437,8 @@ class Eagle3Head(torch.nn.Module):
         cache.length += n
         if self.spec.norm_output:
             x = self.norm(x)
-            return self.lm_head(x)[0], x[0]
-        return self.lm_head(self.norm(x))[0], x[0]
+        logits = self.lm_head(x if self.spec.norm_output else self.norm(x))
+        return (logits, x) if batched else (logits[0], x[0])
 
     def _first(self, layer, x: torch.Tensor, cos_sin, mask, kv) -> torch.Tensor:
         """The first decoder layer on ``[embed ; hidden]``: the embedding through ``input_layernorm``, the hidden

@@ -19,9 +19,10 @@ With ``continue_tokens`` each piece of text (``seq_len - continue_tokens`` token
 continues itself (greedy, 16 prompts a batch, on the same engine), which is what the
 head will see at decode time. The target's pass over each sequence is computed once and kept (taps in float16 and
 its 32 most likely draft tokens per position, about 1 MB per 256-token sequence of SmolLM2), so later epochs cost
-only the head's steps. The transformers model is read once, at the start of a new run, for the weights a head
-starts from (the embeddings, the readout). Not yet: chat templates for chat datasets, and batches of several
-sequences per step.
+only the head's steps. A step trains ``batch_size`` sequences padded to the longest, under bfloat16 autocast on
+CPUs with bfloat16 products (float32 master weights and optimizer, as speculators trains in bfloat16 on GPUs). The
+transformers model is read once, at the start of a new run, for the weights a head starts from (the embeddings, the
+readout). Not yet: chat templates for chat datasets.
 """
 
 import json
@@ -119,24 +120,69 @@ def _ttt_mask(n: int, step: int) -> torch.Tensor:
 
 
 def _head_steps(head: Eagle3Head, tokens: torch.Tensor, taps: torch.Tensor, steps: int) -> List[torch.Tensor]:
-    """Draft logits of each test-time-training step over a sequence: ``tokens`` ``[m]`` (the sequence), ``taps``
-    ``[m, 3H]``; index ``t`` of step ``k`` predicts the token at ``t + k + 2``."""
-    n = tokens.shape[0] - 1
+    """Draft logits of each test-time-training step over ``B`` sequences padded to ``m`` tokens: ``tokens``
+    ``[B, m]``, ``taps`` ``[B, m, 3H]``; index ``t`` of step ``k`` (``[B, m - 1, draft_vocab]``) predicts the token at
+    ``t + k + 2``. A row's padding changes none of its other entries: an entry sees only step-0 entries up to
+    itself and its own entries of later steps."""
+    n = tokens.shape[1] - 1
     cache = head.new_cache()
-    hidden = head.project(taps[:n])
+    hidden = head.project(taps[:, :n])
     out = []
     for k in range(steps):
-        ids = torch.cat([tokens[1 + k:], tokens.new_zeros(k)])[:n]  # teacher-forced, padded past the end
+        ids = torch.cat([tokens[:, 1 + k:], tokens.new_zeros(tokens.shape[0], k)], dim=1)[:, :n]  # teacher-forced
         positions = torch.arange(1 + k, n + 1 + k)
         logits, hidden = head(ids, hidden, cache, positions=positions, mask=_ttt_mask(n, k))
         out.append(logits)
     return out
 
 
+@dataclass
+class _Batch:
+    """``B`` training sequences padded to the longest: ``tokens`` ``[B, m]``, ``taps`` ``[B, m, 3H]`` (float32),
+    the teacher's ``top_p`` / ``top_i`` ``[B, m, TEACHER_TOP]`` and each row's ``lengths``."""
+
+    tokens: torch.Tensor
+    taps: torch.Tensor
+    top_p: torch.Tensor
+    top_i: torch.Tensor
+    lengths: List[int]
+
+
+def _batch(sequences: List[List[int]], passes: list) -> _Batch:
+    """Pad ``sequences`` and their teacher passes (:func:`_teacher`) with zeros to the longest."""
+    m = max(map(len, sequences))
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1) + [0, m - t.shape[0]])
+
+    tokens = torch.stack([pad(torch.tensor(seq)) for seq in sequences])
+    taps, top_p, top_i = (torch.stack([pad(p[i]) for p in passes]) for i in range(3))
+    return _Batch(tokens, taps.float(), top_p.float(), top_i, [len(seq) for seq in sequences])
+
+
+def _precision(bf16: Optional[bool], log) -> bool:
+    """Whether the head's steps run under bfloat16 autocast: ``bf16`` if given, else where the CPU has bfloat16
+    products (AVX512-BF16 or AMX: 1.6x the float32 steps of a SmolLM2 head on an AVX512-BF16 EPYC,
+    ``benchmarks/results/eagle3.md``; emulated elsewhere, slower). Says which.
+
+    Raises:
+        ValueError: ``bf16=True`` on a CPU without bfloat16 products.
+    """
+    native = any(getattr(torch.cpu, name, lambda: False)() for name in
+                 ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    if bf16 and not native:
+        raise ValueError("bf16=True (--bf16): this CPU has no bfloat16 products (AVX512-BF16 or AMX), where torch "
+                         "emulates them slower than float32; train in float32 (--no-bf16).")
+    use = native if bf16 is None else bf16
+    log(f"training the head in {'bfloat16 autocast' if use else 'float32'} "
+        f"({'this CPU has' if native else 'this CPU has no'} bfloat16 products)")
+    return use
+
+
 def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int = 256, lr: float = 3e-4,
                ttt_steps: int = 3, draft_vocab_size: int = 32000, checkpoint_every: int = 100, seed: int = 0,
                progress: bool = True, log=print, continue_tokens: int = 0,
-               target_low_bit: str = "int8_asym") -> TrainReport:
+               target_low_bit: str = "int8_asym", batch_size: int = 1, bf16: Optional[bool] = None) -> TrainReport:
     """Train a head for ``model`` (a transformers folder or name :func:`xpuspec.pull` knows) on the texts of
     ``data`` and save it to ``out`` in the Speculators format (resuming from ``out``'s checkpoint if any).
 
@@ -144,10 +190,14 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     target's own greedy continuation of up to that many tokens (self-distillation on the target's outputs: a head
     trained on the target's own text is accepted far more often, see ``tests/test_eagle3.py``); the continuations
     are kept in ``out`` and reused by a resumed run. ``target_low_bit``: the target's weights for its continuations
-    and its passes (:class:`TargetPasses`).
+    and its passes (:class:`TargetPasses`). Each of the ``steps`` optimizer steps trains ``batch_size`` sequences
+    (padded to the longest); ``bf16``: the head's steps under bfloat16 autocast (``None``: where the CPU has
+    bfloat16 products, :func:`_precision`).
 
     Raises:
         ModelSourceError: no text, or a target architecture a head cannot be built from.
+        ValueError: ``out``'s checkpoint was trained with another ``batch_size``, or ``bf16=True`` on a CPU without
+            bfloat16 products.
     """
     import transformers
     from tqdm.auto import tqdm
@@ -187,10 +237,14 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
                             lm_head=weights.get_output_embeddings().weight, norm=_final_norm(weights))
         del weights
         state = {"step": 0, "order": order, "held": held, "draft_ids": draft_ids, "head": None, "optim": None,
-                 "torch_rng": None, "losses": []}
+                 "torch_rng": None, "losses": [], "batch_size": batch_size}
     else:
         head_dir = out / "init"
+        if state.get("batch_size", 1) != batch_size:
+            raise ValueError(f"{state_file} was trained with batch_size {state.get('batch_size', 1)}: resume with "
+                             f"that (--batch-size {state.get('batch_size', 1)}), or train into a new --out folder.")
         log(f"resuming from step {state['step']} ({state_file})")
+    bf16 = _precision(bf16, log)
     spec = read_head(head_dir)
     head = Eagle3Head.load(spec, check_head(spec, config.hidden_size, config.vocab_size, config.num_hidden_layers))
     head.embed.weight.requires_grad_(False)
@@ -209,12 +263,14 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     bar = tqdm(total=steps, initial=state["step"], desc="train-draft eagle3", unit="step", disable=not progress)
     passes = {}  # sequence index -> the target's pass over it (_teacher), computed once
     while state["step"] < steps:
-        index = train[state["step"] % len(train)]
-        seq = torch.tensor(sequences[index])
-        if index not in passes:
-            passes[index] = _teacher(target, seq, draft_ids)
-        taps, top_p, top_i = passes[index]
-        loss = _loss(_head_steps(head, seq, taps.float(), ttt_steps), top_p.float(), top_i)
+        first = state["step"] * batch_size
+        indices = [train[(first + j) % len(train)] for j in range(batch_size)]
+        for index in indices:
+            if index not in passes:
+                passes[index] = _teacher(target, torch.tensor(sequences[index]), draft_ids)
+        batch = _batch([sequences[i] for i in indices], [passes[i] for i in indices])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = _loss(_head_steps(head, batch.tokens, batch.taps, ttt_steps), batch)
         optim.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -329,16 +385,18 @@ def _teacher(target, seq: torch.Tensor, draft_ids: torch.Tensor, keep: int = TEA
     return taps.half(), top.values.half(), top.indices
 
 
-def _loss(step_logits: List[torch.Tensor], top_p: torch.Tensor, top_i: torch.Tensor) -> torch.Tensor:
+def _loss(step_logits: List[torch.Tensor], batch: _Batch) -> torch.Tensor:
     """Soft cross-entropy of each step against the target's distribution it predicts (index ``t`` of step ``k``:
-    the target's distribution at position ``t + k + 1``, its ``TEACHER_TOP`` most likely draft tokens), summed over
-    steps."""
+    the target's distribution at position ``t + k + 1``, its ``TEACHER_TOP`` most likely draft tokens), the mean over
+    every row's positions that have one (not the padding), summed over steps."""
     total = 0.0
-    n = step_logits[0].shape[0]
+    n = step_logits[0].shape[1]
+    lengths = torch.tensor(batch.lengths)[:, None]
     for k, logits in enumerate(step_logits):
         keep = n - k
-        logp = torch.log_softmax(logits[:keep], dim=-1).gather(-1, top_i[1 + k:1 + k + keep])
-        total = total + -(top_p[1 + k:1 + k + keep] * logp).sum(-1).mean()
+        valid = torch.arange(keep)[None, :] < lengths - 1 - k  # [B, keep]
+        logp = torch.log_softmax(logits[:, :keep].float(), dim=-1).gather(-1, batch.top_i[:, 1 + k:1 + k + keep])
+        total = total + -(batch.top_p[:, 1 + k:1 + k + keep] * logp).sum(-1)[valid].mean()
     return total
 
 
@@ -352,9 +410,9 @@ def evaluate(head: Eagle3Head, target, sequences, steps: int) -> List[float]:
         taps, logits = target(seq)
         want = logits.argmax(-1)
         alive = None
-        for k, logits in enumerate(_head_steps(head, seq, taps, steps)):
-            keep = logits.shape[0] - k
-            best = logits[:keep].argmax(-1)
+        for k, logits in enumerate(_head_steps(head, seq[None], taps[None], steps)):
+            keep = logits.shape[1] - k
+            best = logits[0, :keep].argmax(-1)
             got = best + head.d2t[best]
             ok = got == want[1 + k:1 + k + keep]
             alive = ok if alive is None else alive[:keep] & ok
