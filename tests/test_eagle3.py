@@ -498,21 +498,34 @@ def test_a_batch_of_padded_sequences_trains_each_row_as_alone(tiny_target, tmp_p
     assert not torch.allclose(_loss(together, batch), (losses[0] + losses[1]) / 2, atol=1e-3)  # weighed by positions
 
 
-def test_training_resumes_to_the_same_weights(tiny_target, words_text, tmp_path, one_thread):
-    """6 steps in one run, and 3 steps then a resumed run to 6, end with the same head (an interrupted run loses
-    nothing); the saved folder is a Speculators head that loads."""
+def test_training_resumes_to_the_same_weights(tiny_target, words_text, tmp_path, one_thread, monkeypatch):
+    """6 steps of 2 sequences in one run, and a run of 6 stopped by Ctrl-C in its 4th step then resumed from its
+    checkpoint of step 2, end with the same head (an interrupted run loses nothing, the learning-rate schedule
+    included); a resume with another batch size is refused; the saved folder is a Speculators head that loads."""
     from safetensors.torch import load_file
 
+    from xpuspec.speculative import eagle3_train
     from xpuspec.speculative.eagle3_train import train_head
 
     args = dict(seq_len=32, lr=3e-3, draft_vocab_size=12, checkpoint_every=2, progress=False, log=lambda *_: None,
-                continue_tokens=8)
-    whole = train_head(str(tiny_target), [words_text], tmp_path / "whole", steps=6, **args)
-    first = train_head(str(tiny_target), [words_text], tmp_path / "cut", steps=3, **args)
-    with pytest.raises(ValueError, match="batch_size 1: resume with that"):
-        train_head(str(tiny_target), [words_text], tmp_path / "cut", steps=6, batch_size=2, **args)
-    resumed = train_head(str(tiny_target), [words_text], tmp_path / "cut", steps=6, **args)
-    assert (whole.steps, first.steps, resumed.steps, resumed.resumed_from) == (6, 3, 6, 3)
+                continue_tokens=8, steps=6, batch_size=2)
+    whole = train_head(str(tiny_target), [words_text], tmp_path / "whole", **args)
+    batch, calls = eagle3_train._batch, []
+
+    def cut_in_step_4(*a):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return batch(*a)
+
+    monkeypatch.setattr(eagle3_train, "_batch", cut_in_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train_head(str(tiny_target), [words_text], tmp_path / "cut", **args)
+    monkeypatch.setattr(eagle3_train, "_batch", batch)
+    with pytest.raises(ValueError, match="batch_size 2: resume with that"):
+        train_head(str(tiny_target), [words_text], tmp_path / "cut", **dict(args, batch_size=1))
+    resumed = train_head(str(tiny_target), [words_text], tmp_path / "cut", **args)
+    assert (whole.steps, resumed.steps, resumed.resumed_from) == (6, 6, 2)
     a, b = load_file(str(tmp_path / "whole" / "model.safetensors")), load_file(str(tmp_path / "cut" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["fc.weight"], load_file(str(tmp_path / "whole" / "init" / "model.safetensors"))["fc.weight"])

@@ -20,7 +20,9 @@ continues itself (greedy, 16 prompts a batch, on the same engine), which is what
 head will see at decode time. The target's pass over each sequence is computed once and kept (taps in float16 and
 its 32 most likely draft tokens per position, about 1 MB per 256-token sequence of SmolLM2), so later epochs cost
 only the head's steps. A step trains ``batch_size`` sequences padded to the longest, under bfloat16 autocast on
-CPUs with bfloat16 products (float32 master weights and optimizer, as speculators trains in bfloat16 on GPUs). The
+CPUs with bfloat16 products (float32 master weights and optimizer, as speculators trains in bfloat16 on GPUs), at
+speculators' default learning-rate schedule: a linear warmup over the first 1% of the steps, then a linear decay to
+0 at ``steps`` (a resumed run given more ``steps`` decays over the new total). The
 transformers model is read once, at the start of a new run, for the weights a head starts from (the embeddings, the
 readout). Not yet: chat templates for chat datasets.
 """
@@ -206,6 +208,12 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
 
     out = Path(str(out))
     out.mkdir(parents=True, exist_ok=True)
+    state_file = out / CHECKPOINT
+    state = torch.load(state_file, weights_only=False) if state_file.is_file() else None
+    if state is not None and state.get("batch_size", 1) != batch_size:
+        raise ValueError(f"{state_file} was trained with batch_size {state.get('batch_size', 1)}: resume with that "
+                         f"(--batch-size {state.get('batch_size', 1)}), or train into a new --out folder.")
+    bf16 = _precision(bf16, log)
     source = resolve_source(model)
     config = transformers.AutoConfig.from_pretrained(source.path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(source.path)
@@ -222,8 +230,6 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     target = TargetPasses(loaded, taps_ids)  # the taps only now: the continuations' passes do not need them
     if len(sequences) < 2:
         raise ModelSourceError(f"The training text gives {len(sequences)} sequence(s) of {seq_len} tokens; give more.")
-    state_file = out / CHECKPOINT
-    state = torch.load(state_file, weights_only=False) if state_file.is_file() else None
     if state is None:
         rng = random.Random(seed)
         order = list(range(len(sequences)))
@@ -240,11 +246,7 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
                  "torch_rng": None, "losses": [], "batch_size": batch_size}
     else:
         head_dir = out / "init"
-        if state.get("batch_size", 1) != batch_size:
-            raise ValueError(f"{state_file} was trained with batch_size {state.get('batch_size', 1)}: resume with "
-                             f"that (--batch-size {state.get('batch_size', 1)}), or train into a new --out folder.")
         log(f"resuming from step {state['step']} ({state_file})")
-    bf16 = _precision(bf16, log)
     spec = read_head(head_dir)
     head = Eagle3Head.load(spec, check_head(spec, config.hidden_size, config.vocab_size, config.num_hidden_layers))
     head.embed.weight.requires_grad_(False)
@@ -256,6 +258,10 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
         torch.set_rng_state(state["torch_rng"])
     else:
         torch.manual_seed(seed)
+    for group in optim.param_groups:  # a checkpoint written before the schedule has no initial_lr
+        group.setdefault("initial_lr", lr)
+    schedule = transformers.get_linear_schedule_with_warmup(optim, max(1, steps // 100), steps,
+                                                            last_epoch=state["step"] - 1)
     resumed_from = state["step"]
     draft_ids = torch.tensor(state["draft_ids"])
     train = state["order"][state["held"]:]
@@ -275,6 +281,7 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optim.step()
+        schedule.step()
         state["step"] += 1
         state["losses"] = (state["losses"] + [float(loss.detach())])[-20:]
         bar.update(1)
