@@ -8,7 +8,7 @@ CHECKPOINT is a copy of its ``train-state.pt`` taken during the run (the run kee
 on the first ``--held`` sequences of the run's held-out tenth (sequences no step trained on), teacher-forced, as
 ``train-draft`` reports at its end (:func:`xpuspec.speculative.eagle3_train.evaluate`): per draft position, the
 share of positions whose draft and every earlier one equal the target's greedy tokens. Training tokens: steps
-times the mean length of the training sequences.
+times the sequences per step times the mean length of the training sequences.
 """
 
 import argparse
@@ -48,7 +48,8 @@ def main() -> int:
         held = [torch.tensor(sequences[i]) for i in state["order"][:state["held"]][:args.held]]
         train_len = statistics.mean(len(sequences[i]) for i in state["order"][state["held"]:])
         rates = evaluate(head, target, held, spec.speculative_tokens)
-        print(f"| {Path(path).name} | {state['step']} | {state['step'] * train_len:,.0f} | "
+        tokens = state["step"] * state.get("batch_size", 1) * train_len
+        print(f"| {Path(path).name} | {state['step']} | {tokens:,.0f} | "
               f"{', '.join(f'{r:.3f}' for r in rates)} |", flush=True)
     return 0
 

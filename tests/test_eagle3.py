@@ -498,6 +498,21 @@ def test_a_batch_of_padded_sequences_trains_each_row_as_alone(tiny_target, tmp_p
     assert not torch.allclose(_loss(together, batch), (losses[0] + losses[1]) / 2, atol=1e-3)  # weighed by positions
 
 
+def test_bf16_training_is_said_and_refused_where_the_cpu_has_no_bfloat16_products(monkeypatch):
+    """Without AVX512-BF16 or AMX the head trains in float32 and says so; asking for bfloat16 there is refused."""
+    from xpuspec.speculative.eagle3_train import _precision
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    said = []
+    with pytest.raises(ValueError, match=r"no bfloat16 products .*\(--no-bf16\)"):
+        _precision(True, said.append)
+    assert _precision(None, said.append) is False and said == ["training the head in float32 (this CPU has no "
+                                                               "bfloat16 products)"]
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert _precision(None, said.append) is True and _precision(False, said.append) is False
+
+
 def test_training_resumes_to_the_same_weights(tiny_target, words_text, tmp_path, one_thread, monkeypatch):
     """6 steps of 2 sequences in one run, and a run of 6 stopped by Ctrl-C in its 4th step then resumed from its
     checkpoint of step 2, end with the same head (an interrupted run loses nothing, the learning-rate schedule
