@@ -243,36 +243,49 @@ def _eagle3_model(target, head, backend="torch", **config):
     return AutoModelForCausalLM.from_pretrained(str(target), device="cpu", backend=backend, speculative=spec)
 
 
-def test_greedy_identity_and_taps_of_accepted_positions(tiny_target, tmp_path):
+@pytest.mark.parametrize("lookup", [None, 4])
+def test_greedy_identity_and_taps_of_accepted_positions(tiny_target, tmp_path, lookup, monkeypatch):
     """Through generate on a tiny torch target: the output is the plain greedy output, the head drafted every
     round, and the taps the drafter holds for every position before the last are the target's own hidden states
-    of the output (those of accepted tokens, not of rejected drafts)."""
+    of the output (those of accepted tokens, not of rejected drafts). With ``prompt_lookup_num_tokens`` (lookup
+    where an n-gram matches, else the head) both drafted, and the head still holds the taps of every position,
+    those of the lookup rounds' passes included."""
     import transformers
     from transformers import AutoConfig
 
     from xpuspec import AutoModelForCausalLM
+    from xpuspec.speculative.drafters import PromptLookupDrafter
     from xpuspec.speculative.eagle3_drafter import Eagle3Drafter
 
     head = new_head(AutoConfig.from_pretrained(tiny_target), tmp_path / "head", draft_ids=[2, 3, 5, 7, 8, 9, 11, 13])
     plain = AutoModelForCausalLM.from_pretrained(str(tiny_target), device="cpu", backend="torch")
-    model = _eagle3_model(tiny_target, head)
+    model = _eagle3_model(tiny_target, head, **({"prompt_lookup_num_tokens": lookup} if lookup else {}))
     assert model.eagle3_head is not None and model.runner.tap_ids == (2, 4, 5)
-    seen = {}
-    ends = Eagle3Drafter.end
+    seen, drafted = {}, {"lookup": 0, "head": 0}
+    ends, looks, proposes = Eagle3Drafter.end, PromptLookupDrafter.propose, Eagle3Drafter.propose
 
     def keep(self):
         seen["taps"], seen["filled"] = self.taps[:self.filled].clone(), self.filled
         ends(self)
 
+    def count(name, propose):
+        def counted(self, widths):
+            draft = propose(self, widths)
+            drafted[name] += len(draft.tokens)
+            return draft
+        return counted
+
+    monkeypatch.setattr(PromptLookupDrafter, "propose", count("lookup", looks))
+    monkeypatch.setattr(Eagle3Drafter, "propose", count("head", proposes))
     Eagle3Drafter.end = keep
     try:
-        for prompt in ([1, 4, 5, 6, 4, 5], [1, 9, 3, 12, 7]):
+        for prompt in ([1, 4, 5, 6, 4, 5], [1, 9, 3, 12, 7], [1, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5]):
             ids = torch.tensor([prompt])
             want = plain.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
             got = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
             assert got.tolist() == want.tolist()
             stats = model.last_generate_stats
-            assert stats.drafted_tokens >= 3 * 4, stats  # drafted in every round (cost model off)
+            assert lookup or stats.drafted_tokens >= 3 * 4, stats  # the head drafted in every round (cost model off)
             reference = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_target)).eval()
             with torch.no_grad():
                 hidden = reference(got, output_hidden_states=True).hidden_states
@@ -282,6 +295,7 @@ def test_greedy_identity_and_taps_of_accepted_positions(tiny_target, tmp_path):
             assert torch.allclose(seen["taps"][:n], taps[:n], atol=1e-4)
     finally:
         Eagle3Drafter.end = ends
+    assert drafted["head"] > 0 and (drafted["lookup"] > 0) == bool(lookup), drafted
 
 
 def test_a_head_drafts_the_chain_it_was_trained_for_unless_told(tiny_target, tmp_path, monkeypatch):

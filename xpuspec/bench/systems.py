@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..speculative.audit import top2_margins
+from ..speculative.schedule import DEFAULT_LOOKUP_TOKENS
 
 #: Draft lengths used when ``--num-assistant-tokens`` is not given: each tool's documented example value.
 DEFAULT_K = {"hf-lookup": 10, "genai-spec": 3, "genai-lookup": 5, "genai-eagle3": 3, "llamacpp-lookup": 10}
@@ -364,7 +365,7 @@ class XpuspecSystem(System):
     """
 
     MODES = {"self": "self", "layer-skip": "layer_skip", "lookup": "prompt_lookup", "hybrid": "hybrid", "draft": "draft",
-             "suffix": "suffix", "suffix-hybrid": "suffix_hybrid", "eagle3": "eagle3"}
+             "suffix": "suffix", "suffix-hybrid": "suffix_hybrid", "eagle3": "eagle3", "eagle3-hybrid": "eagle3"}
     #: Modes without a draft model (an EAGLE-3 head is not one: it has no vocabulary or context options).
     FREE = ("prompt_lookup", "suffix", "eagle3")
     #: Modes whose draft is not the --draft-low-bit copy (layer-skip drafts in the target's own format).
@@ -388,6 +389,8 @@ class XpuspecSystem(System):
         spec = None
         if mode:
             k = {"num_assistant_tokens": self.setup.num_assistant_tokens} if self.setup.num_assistant_tokens else {}
+            if mode_name == "eagle3-hybrid":  # prompt lookup where an n-gram matches, else the head
+                k["prompt_lookup_num_tokens"] = DEFAULT_LOOKUP_TOKENS
             draft = (self.setup.head if mode == "eagle3" else
                      self.setup.draft if mode in ("draft", "hybrid", "suffix_hybrid") else None)
             spec = SpeculativeConfig(mode=mode, draft=draft, cost_model=self.setup.cost_model, **k,
@@ -555,6 +558,7 @@ SYSTEMS = {
     "xpuspec-spec:suffix-hybrid": _spec(XpuspecSystem),
     "xpuspec-spec:draft": _spec(XpuspecSystem, needs_draft=True),
     "xpuspec-spec:eagle3": _spec(XpuspecSystem, needs_head=True),
+    "xpuspec-spec:eagle3-hybrid": _spec(XpuspecSystem, needs_head=True),
     "xpuspec-overlap:self": _spec(XpuspecSystem),
     "xpuspec-overlap:draft": _spec(XpuspecSystem, needs_draft=True),
     "xpuspec-pp2": XpuspecSystem,

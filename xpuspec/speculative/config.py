@@ -59,7 +59,9 @@ class SpeculativeConfig:
         prompt_lookup_num_tokens: the longest draft of prompt lookup: with ``"prompt_lookup"`` its draft length
             (default: num_assistant_tokens), with ``"hybrid"`` the most a lookup round drafts, there and once the
             draft model is dropped (default :data:`~xpuspec.speculative.drafters.DEFAULT_LOOKUP_TOKENS`; each round
-            is cut to the length the verify costs favour). Other modes do not look up.
+            is cut to the length the verify costs favour); with ``"eagle3"`` the same, the head drafting where no
+            n-gram matches (the head keeps the target's hidden states of every pass, lookup rounds' included).
+            Other modes do not look up.
         max_matching_ngram_size: longest n-gram prompt lookup matches (default 3, openvino_genai's).
         min_matching_ngram_size: shortest n-gram prompt lookup matches: default 2 (vLLM's ``prompt_lookup_min``; 1
             proposes after any repeated token, which rarely pays; at most ``max_matching_ngram_size``), and
@@ -146,9 +148,10 @@ class SpeculativeConfig:
         for hybrid in (False, True):  # bad sizes raise; generate(prompt_lookup_num_tokens=) may ask for either
             PromptLookupDrafter(self.max_matching_ngram_size, self.shortest_ngram(hybrid))
         if self.prompt_lookup_num_tokens is not None and self.mode not in ("prompt_lookup", "hybrid", "suffix",
-                                                                          "suffix_hybrid"):
-            raise SpeculativeConfigError(f"prompt_lookup_num_tokens applies to modes 'prompt_lookup', 'hybrid', 'suffix' "
-                                         f"and 'suffix_hybrid', not {self.mode!r}: drop it, or pick one of those modes.")
+                                                                          "suffix_hybrid", "eagle3"):
+            raise SpeculativeConfigError(f"prompt_lookup_num_tokens applies to modes 'prompt_lookup', 'hybrid', 'suffix', "
+                                         f"'suffix_hybrid' and 'eagle3', not {self.mode!r}: drop it, or pick one of "
+                                         "those modes.")
         if not isinstance(self.share_across_requests, bool):
             raise SpeculativeConfigError(f"share_across_requests must be True or False, got {self.share_across_requests!r}.")
         if (self.suffix_cache_dir is not None or not self.share_across_requests) and not self.mode.startswith("suffix"):

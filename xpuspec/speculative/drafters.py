@@ -329,6 +329,7 @@ class HybridDrafter(Drafter):
     def __init__(self, lookup: Drafter, model: Drafter, fallback: Optional[Drafter] = None):
         self.lookup, self.model, self.fallback = lookup, model, fallback or lookup
         self._last: Drafter = lookup
+        self.needs = frozenset().union(*(p.needs for p in self._parts()))  # an EAGLE-3 head's hidden states
 
     def _parts(self) -> List[Drafter]:
         return list({id(p): p for p in (self.lookup, self.model, self.fallback)}.values())
@@ -345,6 +346,11 @@ class HybridDrafter(Drafter):
 
     def accept(self, n: int) -> None:
         self._last.accept(n)
+
+    def observe(self, outputs: dict) -> None:
+        for part in self._parts():  # every pass, whichever part drafted: a head keeps the taps of each position
+            if part.needs:
+                part.observe(outputs)
 
     def end(self) -> None:
         for part in self._parts():

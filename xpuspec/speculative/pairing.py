@@ -111,7 +111,7 @@ def plan_speculation(target, spec, enabled: bool, assistant_model=None, prompt_l
         return None
     drafter, kind, draft = made
     free = kind in ("lookup", "suffix")
-    trained = drafter.head.spec.speculative_tokens if kind == "eagle3" else None
+    trained = target.eagle3_head.spec.speculative_tokens if kind == "eagle3" else None
     schedule = DraftSchedule(  # an EAGLE-3 head drafts, unless told, the chain it was trained for (as vLLM reads it)
         num_assistant_tokens=_first(num_assistant_tokens, prompt_lookup_num_tokens, lookup_k,
                                     base.num_assistant_tokens, trained, base.draft_length),
@@ -165,7 +165,10 @@ def _drafter(target, spec, base, assistant_model, prompt_lookup_num_tokens):
     if mode == "eagle3":
         from .eagle3_drafter import Eagle3Drafter
 
-        return Eagle3Drafter(target.eagle3_head, target.runner.vocab_size), mode, None
+        head = Eagle3Drafter(target.eagle3_head, target.runner.vocab_size)
+        if spec.prompt_lookup_num_tokens:  # lookup where an n-gram matches, else the head
+            return HybridDrafter(lookup(hybrid=True), head, fallback=lookup()), mode, None
+        return head, mode, None
     return _model_drafter(target, target.draft_model, spec), mode, target.draft_model
 
 
