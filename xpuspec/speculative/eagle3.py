@@ -435,9 +435,10 @@ class Eagle3Head(torch.nn.Module):
             x = self._first(layer, x, cos_sin, mask, cache.kv) if i == 0 else layer(
                 x, attention_mask=mask, position_ids=positions, past_key_values=cache.kv, position_embeddings=cos_sin)
         cache.length += n
-        if self.spec.norm_output:
-            x = self.norm(x)
-        logits = self.lm_head(x if self.spec.norm_output else self.norm(x))
+        normed = self.norm(x)
+        if self.spec.norm_output:  # the normed output is what the next entries are fed
+            x = normed
+        logits = self.lm_head(normed)
         return (logits, x) if batched else (logits[0], x[0])
 
     def _first(self, layer, x: torch.Tensor, cos_sin, mask, kv) -> torch.Tensor:

@@ -164,7 +164,7 @@ def _batch(sequences: List[List[int]], passes: list) -> _Batch:
 
 def _precision(bf16: Optional[bool], log) -> bool:
     """Whether the head's steps run under bfloat16 autocast: ``bf16`` if given, else where the CPU has bfloat16
-    products (AVX512-BF16 or AMX: 1.6x the float32 steps of a SmolLM2 head on an AVX512-BF16 EPYC,
+    products (AVX512-BF16 or AMX: 1.6-1.8x the float32 steps of a SmolLM2 head on an AVX512-BF16 EPYC,
     ``benchmarks/results/eagle3.md``; emulated elsewhere, slower). Says which.
 
     Raises:
