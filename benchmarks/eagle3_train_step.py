@@ -39,7 +39,8 @@ def main() -> int:
     head.embed.weight.requires_grad_(False)
     params = [p for p in head.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=1e-4)
-    print(f"{args.model}, torch threads {args.threads}, bfloat16 products: {training._precision(None, lambda *_: None)}")
+    native = training._precision(None, lambda *_: None)
+    print(f"{args.model}, torch threads {args.threads}, bfloat16 products: {native}")
     print("| sequence tokens | float32 ms | bfloat16 autocast ms | float32 / bfloat16 |\n|---:|---:|---:|---:|")
     for n in map(int, args.lengths.split(",")):
         torch.manual_seed(0)

@@ -476,22 +476,19 @@ def test_a_batch_of_padded_sequences_trains_each_row_as_alone(tiny_target, tmp_p
     the rows' per-position losses."""
     from transformers import AutoConfig
 
-    from xpuspec.speculative.eagle3_train import _Batch, _head_steps, _loss
+    from xpuspec.speculative.eagle3_train import _Batch, _batch, _head_steps, _loss
 
     config = AutoConfig.from_pretrained(tiny_target)
     spec = read_head(new_head(config, tmp_path / "head", seed=3))
     head = Eagle3Head.load(spec, check_head(spec, config.hidden_size, config.vocab_size, TINY_LAYERS))
     torch.manual_seed(0)
-    lengths, m = [7, 11], 11
+    lengths = [7, 11]
     seqs = [torch.randint(0, config.vocab_size, (n,)) for n in lengths]
     taps = [torch.randn(n, 3 * config.hidden_size) for n in lengths]
     top_i = [torch.randint(0, spec.draft_vocab_size, (n, 4)) for n in lengths]
     top_p = [torch.softmax(torch.randn(n, 4), -1) for n in lengths]
-
-    def pad(t):
-        return torch.cat([t, t.new_zeros((m - t.shape[0],) + tuple(t.shape[1:]))])
-
-    batch = _Batch(*(torch.stack([pad(t) for t in ts]) for ts in (seqs, taps, top_p, top_i)), lengths)
+    batch = _batch([seq.tolist() for seq in seqs], list(zip(taps, top_p, top_i)))
+    assert batch.tokens.shape == (2, 11) and batch.lengths == lengths and not batch.taps[0, 7:].any()
     together = _head_steps(head, batch.tokens, batch.taps, 3)
     losses = []
     for row, n in enumerate(lengths):

@@ -4,9 +4,10 @@ The training follows the ``speculators`` package's EAGLE-3 recipe (``models/eagl
 xpuspec's own OpenVINO runner in ``target_low_bit``, the weights a head usually drafts for, with the taps as outputs
 of its pass: :meth:`xpuspec.runner.Runner.set_taps`) reads the user's text once per sequence and gives the taps and
 its own next-token distribution (self-distillation: the head learns the target's distribution, restricted to the
-draft vocabulary, with a soft cross-entropy); the head runs ``ttt_steps`` test-time-training steps, step ``k`` fed the true next tokens and
-its own outputs of step ``k - 1``, each query attending the step-0 entries up to itself and its own entries of the
-earlier steps. Sequence index ``t`` holds token ``x[t+1]`` beside the target's taps at ``t`` (``shift_batch``).
+draft vocabulary, with a soft cross-entropy); the head runs ``ttt_steps`` test-time-training steps, step ``k`` fed
+the true next tokens and its own outputs of step ``k - 1``, each query attending the step-0 entries up to itself and
+its own entries of the earlier steps. Sequence index ``t`` holds token ``x[t+1]`` beside the target's taps at ``t``
+(``shift_batch``).
 
 The draft vocabulary is the ``draft_vocab_size`` tokens the target predicts most often on the training text (ties by
 id; speculators counts the data's tokens). Checkpoints (head, optimizer, step, random state, data order) are written
@@ -22,9 +23,9 @@ its 32 most likely draft tokens per position, about 1 MB per 256-token sequence 
 only the head's steps. A step trains ``batch_size`` sequences padded to the longest, under bfloat16 autocast on
 CPUs with bfloat16 products (float32 master weights and optimizer, as speculators trains in bfloat16 on GPUs), at
 speculators' default learning-rate schedule: a linear warmup over the first 1% of the steps, then a linear decay to
-0 at ``steps`` (a resumed run given more ``steps`` decays over the new total). The
-transformers model is read once, at the start of a new run, for the weights a head starts from (the embeddings, the
-readout). Not yet: chat templates for chat datasets.
+0 at ``steps`` (a resumed run given more ``steps`` decays over the new total). The transformers model is read once,
+at the start of a new run, for the weights a head starts from (the embeddings, the readout). Not yet: chat
+templates for chat datasets.
 """
 
 import json
@@ -210,9 +211,10 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
     out.mkdir(parents=True, exist_ok=True)
     state_file = out / CHECKPOINT
     state = torch.load(state_file, weights_only=False) if state_file.is_file() else None
-    if state is not None and state.get("batch_size", 1) != batch_size:
-        raise ValueError(f"{state_file} was trained with batch_size {state.get('batch_size', 1)}: resume with that "
-                         f"(--batch-size {state.get('batch_size', 1)}), or train into a new --out folder.")
+    trained_with = state.get("batch_size", 1) if state is not None else batch_size  # 1 before the option
+    if trained_with != batch_size:
+        raise ValueError(f"{state_file} was trained with batch_size {trained_with}: resume with that "
+                         f"(--batch-size {trained_with}), or train into a new --out folder.")
     bf16 = _precision(bf16, log)
     source = resolve_source(model)
     config = transformers.AutoConfig.from_pretrained(source.path)
