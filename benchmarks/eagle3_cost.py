@@ -1,7 +1,8 @@
 """What EAGLE-3 drafting costs: the target's pass with the three tapped layers as extra outputs against the same pass
 without them, and one step of a head against a target pass: torch in each of the head's formats (float32, int8
 weights), and the same layer on OpenVINO (float32, NNCF int8 weights; 1 and 2 threads), the issue's "on OpenVINO, or
-on torch if that is faster".
+on torch if that is faster". Torch runs the drafting path (:meth:`Eagle3Head.draft`) and, beside it, the training
+forward the drafter ran before.
 
 Two copies of the target are loaded (one with taps); their passes are timed interleaved (A, B, A, B ...) at each
 width after the same context, so that the machine's load falls on both alike; the median of ``--repeats`` passes.
@@ -14,6 +15,7 @@ Prints a markdown table; ratios are the figures to quote (the machine is shared)
 import argparse
 import os
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -31,18 +33,20 @@ def _median_pass(runner, context, width, repeats):
     return statistics.median(times)
 
 
-def _torch_steps(head, context, hidden, width):
-    """A timer of ``head``'s chain step and 4-entry catch-up after ``context`` (torch, as the drafter runs it)."""
-    cache = head.new_cache()
+def _torch_steps(head, context, hidden, width, drafting=True):
+    """A timer of ``head``'s chain step and 4-entry catch-up after ``context`` in torch: through the drafting path
+    the drafter runs (:meth:`Eagle3Head.draft`), or, ``drafting=False``, through the training forward (transformers'
+    attention and ``DynamicCache``; what the drafter ran before the drafting path)."""
+    run, cache = (head.draft, head.new_draft_cache()) if drafting else (head, head.new_cache())
     with torch.inference_mode():
-        head(context, head.project(hidden), cache)
+        run(context, head.project(hidden), cache)
 
     @torch.inference_mode()
     def step():
         t0 = time.perf_counter()
-        head([5], torch.randn(1, width), cache)
+        run([5], torch.randn(1, width), cache)
         t1 = time.perf_counter()
-        head([5] * 4, head.project(torch.randn(4, hidden.shape[1])), cache)
+        run([5] * 4, head.project(torch.randn(4, hidden.shape[1])), cache)
         t2 = time.perf_counter()
         cache.rollback(5)
         return t1 - t0, t2 - t1
@@ -155,19 +159,24 @@ def main():
     torch.set_num_threads(args.torch_threads)  # the decode loop runs torch on one thread beside OpenVINO
     threads = torch.get_num_threads()
     print(f"\nHead (1 decoder layer, draft vocabulary {spec.draft_vocab_size}), cache of {args.context} entries; "
-          f"torch on {threads} threads; the formats' passes interleaved, median of {args.repeats}:\n\n"
+          f"torch on {threads} threads; the formats' passes interleaved in a new order each round, median of {args.repeats}:\n\n"
           "| head | chain step (1 entry) ms | / target 1-token pass | catch-up of 4 accepted entries ms |\n"
           "|---|---:|---:|---:|")
     hidden = torch.randn(args.context, len(layer_ids) * config.hidden_size)
-    steps = {f"torch {fmt}": _torch_steps(head, context, hidden, config.hidden_size) for fmt, head in heads.items()}
+    steps = {}
+    for fmt, head in heads.items():
+        steps[f"torch {fmt}"] = _torch_steps(head, context, hidden, config.hidden_size)
+        steps[f"torch {fmt}, training forward"] = _torch_steps(head, context, hidden, config.hidden_size, False)
     for threads_ov in (1, 2):
         for fmt in ("fp32", "int8_asym"):
             steps[f"OpenVINO {fmt}, {threads_ov} threads"] = _openvino_steps(heads["fp32"], args.context, fmt,
                                                                             threads_ov)
     times = {name: [] for name in steps}
-    for _ in range(args.repeats):
-        for name, step in steps.items():
-            times[name].append(step())
+    order, shuffle = list(steps), random.Random(0).shuffle
+    for _ in range(args.repeats):  # a new order each round: no format always follows OpenVINO's 2-thread pass
+        shuffle(order)
+        for name in order:
+            times[name].append(steps[name]())
     for name in steps:
         chain = statistics.median(t[0] for t in times[name])
         catch = [t[1] for t in times[name] if t[1] is not None]

@@ -32,8 +32,12 @@ def test_auto_picks_cpu_here(monkeypatch):
 
 def test_absent_npu_names_the_devices_that_exist(monkeypatch):
     monkeypatch.setenv("XPUSPEC_DEVICE", "npu")
-    with pytest.raises(DeviceNotFoundError, match=r"'npu' is not available.*Available: cpu \(openvino\)"):
+    with pytest.raises(DeviceNotFoundError, match=r"'npu' is not available.*Available: cpu \(openvino\)") as info:
         resolve_device()
+    # an installed backend that failed to load is named with its reason (here: ipex without its package), so a
+    # user whose plugins point at a deleted checkout learns why no device is found
+    assert "Installed backends that cannot run here: ipex:" in str(info.value)
+    assert "intel_extension_for_pytorch" in str(info.value)
 
 
 def test_typo_suggests_the_closest_device():

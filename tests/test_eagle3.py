@@ -92,7 +92,8 @@ def _speculators_head(target, folder, layers=1, **flags):
 @torch.no_grad()
 def test_logits_equal_speculators_forward(tiny_target, tmp_path, layers, flags):
     """A head saved by speculators loads, and its draft logits equal speculators' forward within 1e-4: every
-    position's first step, and chains of 3 steps (speculators' test-time-training steps, teacher-forced)."""
+    position's first step, and chains of 3 steps (speculators' test-time-training steps, teacher-forced), through
+    both the training forward and the drafting path (:meth:`Eagle3Head.draft`, its own attention and cache)."""
     model, folder = _speculators_head(tiny_target, tmp_path / "head", layers, **flags)
     assert is_eagle3_head(folder)
     spec = read_head(folder)
@@ -117,6 +118,12 @@ def test_logits_equal_speculators_forward(tiny_target, tmp_path, layers, flags):
         for k in (1, 2):
             logits, out = head([int(tokens[0, t + k])], out[-1:], cache)
             assert (logits[-1] - steps[k][t]).abs().max() < 1e-4, (t, k)
+        cache = head.new_draft_cache()
+        logits, out = head.draft(tokens[0, :t + 1].tolist(), head.project(hidden[0, :t + 1]), cache)
+        assert logits.shape == (1, 8) and (logits[0] - steps[0][t]).abs().max() < 1e-4
+        for k in (1, 2):
+            logits, out = head.draft([int(tokens[0, t + k])], out, cache)
+            assert (logits[0] - steps[k][t]).abs().max() < 1e-4, (t, k)
 
 
 def test_d2t_maps_draft_ids_to_target_ids(tiny_target, tmp_path):
@@ -149,8 +156,11 @@ def test_a_head_is_built_for_a_target_whose_config_lists_every_layers_type(tmp_p
     spec = read_head(folder)
     head = Eagle3Head.load(spec, check_head(spec, 32, 16, 8))
     with torch.no_grad():  # the rotary tables fit the heads (a 2H-wide head_dim did not, for Qwen2)
-        logits, _ = head([3, 4, 5], head.project(torch.randn(3, 96)), head.new_cache())
+        taps = head.project(torch.randn(3, 96))
+        logits, _ = head([3, 4, 5], taps, head.new_cache())
+        drafted, _ = head.draft([3, 4, 5], taps, head.new_draft_cache())  # Qwen3's q/k norms included
     assert logits.shape == (3, 16) and torch.isfinite(logits).all()
+    assert (drafted[0] - logits[-1]).abs().max() < 1e-5
     raw = json.loads((folder / "config.json").read_text())
     raw["transformer_layer_config"]["layer_types"] = target.layer_types
     (folder / "config.json").write_text(json.dumps(raw))
@@ -204,6 +214,34 @@ def test_rollback_gives_the_same_logits(tiny_target, tmp_path):
     assert not torch.allclose(first[4:], other[1:], atol=1e-3)
     with pytest.raises(ValueError):
         cache.rollback(7)
+    draft_cache = head.new_draft_cache()  # the drafting path's cache: a rollback moves its length only
+    for token in [4, 5, 6, 7, 8, 9]:
+        head.draft([token], head.project(taps[token - 4:token - 3]), draft_cache)
+    draft_cache.rollback(3)
+    again, _ = head.draft([7, 8, 9], head.project(taps[3:]), draft_cache)
+    assert torch.allclose(first[-1:], again, atol=1e-5)
+    draft_cache.rollback(3)
+    other, _ = head.draft([10, 11, 12], head.project(taps[3:]), draft_cache)
+    assert not torch.allclose(first[-1:], other, atol=1e-3)
+    with pytest.raises(ValueError):
+        draft_cache.rollback(7)
+
+
+def test_a_draft_cache_grows_keeping_its_entries_and_rolls_back_without_copying():
+    from xpuspec.speculative.eagle3 import DraftCache
+
+    cache, written = DraftCache(), []
+    for n in (200, 100, 300):  # past the first buffer (256 entries), then past the doubled one
+        keys = torch.randn(1, 2, n, 4)
+        seen_k, seen_v = cache.put(0, keys, -keys)
+        cache.length += n
+        written.append(keys)
+        assert torch.equal(seen_k, torch.cat(written, 2)) and torch.equal(seen_v, -seen_k)
+    buffer = cache.keys[0]
+    cache.rollback(250)
+    assert cache.length == 350 and cache.keys[0] is buffer
+    seen_k, _ = cache.put(0, torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    assert seen_k.shape[2] == 351 and torch.equal(seen_k[:, :, :350], torch.cat(written, 2)[:, :, :350])
 
 
 @torch.no_grad()

@@ -174,6 +174,14 @@ def get_backend(name: str) -> Backend:
     )
 
 
+def _unusable_hint() -> str:
+    """A sentence naming the installed backends that failed to load and why, or ``""`` when none did."""
+    broken = unavailable_backends()
+    if not broken:
+        return ""
+    return " Installed backends that cannot run here: " + "; ".join(f"{k}: {v}" for k, v in broken.items()) + "."
+
+
 def all_devices() -> List[DeviceInfo]:
     """Every (device, backend) pair available on this machine, highest-priority backend first."""
     return [info for backend in _discover().values() for info in backend.devices()]
@@ -241,7 +249,7 @@ def resolve_device(device=None, backend: Optional[str] = None) -> Tuple[Backend,
         where = f" with backend {backend!r}" if backend else ""
         raise DeviceNotFoundError(
             f"Device {spec!r} is not available on this machine{where}. Available: {_describe(available)}. "
-            f"Set {DEVICE_ENV} or device= to one of these."
+            f"Set {DEVICE_ENV} or device= to one of these.{_unusable_hint()}"
         )
     close = [c for c in difflib.get_close_matches(spec, vocabulary, n=2, cutoff=0.5) if c != spec][:1]
     hint = f" Did you mean {close[0]!r}?" if close else ""

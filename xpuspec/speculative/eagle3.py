@@ -254,7 +254,8 @@ def _layer_classes(model_type: str):
 
 
 class HeadCache:
-    """A head's KV cache for one request: entries ``1..length`` (see the module docstring)."""
+    """A head's KV cache for one training sequence batch: entries ``1..length`` (see the module docstring), in
+    transformers' ``DynamicCache`` (autograd flows through it)."""
 
     def __init__(self):
         from transformers import DynamicCache
@@ -269,6 +270,40 @@ class HeadCache:
         if n:
             self.length -= n
             self.kv.crop(self.length)
+
+
+class DraftCache:
+    """A head's KV cache for one drafting request: entries ``1..length``, per layer ``[1, kv_heads, capacity,
+    head_dim]`` key and value buffers that double when full. A rollback only moves ``length`` (no copy); an entry is
+    written where the next :meth:`Eagle3Head.draft` puts it."""
+
+    def __init__(self):
+        self.keys: List[torch.Tensor] = []
+        self.values: List[torch.Tensor] = []
+        self.length = 0
+
+    def rollback(self, n: int) -> None:
+        """Drop the last ``n`` entries."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"rollback({n}) with {self.length} entries in the head's cache")
+        self.length -= n
+
+    def put(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Write ``[1, kv_heads, n, head_dim]`` keys and values after the ``length`` entries of ``layer``; the
+        layer's entries ``1..length + n`` as views."""
+        end = self.length + keys.shape[2]
+        if layer == len(self.keys):
+            shape = (1, keys.shape[1], max(256, 2 * end), keys.shape[3])
+            self.keys.append(torch.empty(shape))
+            self.values.append(torch.empty(shape))
+        elif end > self.keys[layer].shape[2]:
+            for store in (self.keys, self.values):
+                grown = torch.empty(store[layer].shape[:2] + (2 * end,) + store[layer].shape[3:])
+                grown[:, :, :self.length] = store[layer][:, :, :self.length]
+                store[layer] = grown
+        self.keys[layer][:, :, self.length:end] = keys
+        self.values[layer][:, :, self.length:end] = values
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
 class Eagle3Head(torch.nn.Module):
@@ -392,8 +427,12 @@ class Eagle3Head(torch.nn.Module):
         return self
 
     def new_cache(self) -> "HeadCache":
-        """An empty KV cache for one request (a head's weights serve any number of requests)."""
+        """An empty KV cache for :meth:`forward` (training; a head's weights serve any number of caches)."""
         return HeadCache()
+
+    def new_draft_cache(self) -> "DraftCache":
+        """An empty KV cache for :meth:`draft` (one drafting request)."""
+        return DraftCache()
 
     # -- forward ----------------------------------------------------------------------------------------------------
     def project(self, taps: torch.Tensor) -> torch.Tensor:
@@ -453,6 +492,66 @@ class Eagle3Head(torch.nn.Module):
                                       position_embeddings=cos_sin, attention_mask=mask, past_key_values=kv)
         x = residual + attended
         return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def draft(self, tokens: Sequence[int], hidden: torch.Tensor, cache: DraftCache) -> Tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` of one sequence while drafting, written out without transformers' module calls for its
+        attention and rotary embedding (a chain step is a few hundred microseconds of arithmetic, and those calls
+        cost as much again): the same math, entries in a :class:`DraftCache`, rotary tables computed once per
+        position range. A layer's ``sliding_window`` is not applied (heads of the supported targets have none).
+
+        Args:
+            tokens: ``n`` target token ids, entries ``cache.length + 1 ..``.
+            hidden: ``[n, H]`` float32, as for :meth:`forward`.
+            cache: the request's :class:`DraftCache`.
+
+        Returns:
+            ``(logits, out)`` of the last entry only: ``[1, draft_vocab_size]`` and ``[1, H]``.
+        """
+        n, past = len(tokens), cache.length
+        x = torch.cat([self.embed(torch.as_tensor(tokens, dtype=torch.long)), hidden.float()], dim=-1)[None]
+        cos, sin = self._rotary(past + 1, past + 1 + n)
+        for i, layer in enumerate(self.layers):
+            if i == 0:
+                embeds, hidden_part = x.split(x.shape[-1] // 2, dim=-1)
+                normed = layer.hidden_norm(hidden_part)
+                residual = normed if self.spec.norm_before_residual else hidden_part
+                attn_in = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
+            else:
+                residual, attn_in = x, layer.input_layernorm(x)
+            x = residual + self._attend(layer.self_attn, i, attn_in, cos, sin, cache)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        cache.length += n
+        x = x[:, -1]
+        normed = self.norm(x)
+        return self.lm_head(normed), (normed if self.spec.norm_output else x)
+
+    def _rotary(self, start: int, end: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[1, 1, end - start, head_dim]`` of rotary positions ``start..end-1``, from a table that
+        grows by doubling (transformers' rotary embedding of the head, evaluated once per position)."""
+        table = getattr(self, "_rotary_table", None)
+        if table is None or table[0].shape[2] < end:
+            positions = torch.arange(max(1024, 2 * end))[None]
+            cos, sin = self.rotary(torch.zeros(1, dtype=torch.float32), positions)
+            table = self._rotary_table = (cos[:, None], sin[:, None])
+        return table[0][:, :, start:end], table[1][:, :, start:end]
+
+    @staticmethod
+    def _attend(attn, layer: int, x: torch.Tensor, cos, sin, cache: DraftCache) -> torch.Tensor:
+        """One layer's self-attention of ``x`` ``[1, n, width]`` over the cache and itself (transformers'
+        attention: projections, optional q/k norms, rotary, grouped-query scaled-dot-product, ``o_proj``)."""
+        n = x.shape[1]
+        shape = (1, n, -1, attn.head_dim)
+        q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), attn.v_proj(x).view(shape).transpose(1, 2)
+        q = q * cos + torch.cat((-q[..., attn.head_dim // 2:], q[..., :attn.head_dim // 2]), -1) * sin
+        k = k * cos + torch.cat((-k[..., attn.head_dim // 2:], k[..., :attn.head_dim // 2]), -1) * sin
+        keys, values = cache.put(layer, k, v)
+        mask = None if n == 1 else torch.full((n, keys.shape[2]), float("-inf")).triu(keys.shape[2] - n + 1)
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
+                                                               enable_gqa=keys.shape[1] != q.shape[1])
+        return attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
 
     def to_target(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Draft-vocabulary logits ``[n, draft_vocab_size]`` laid out on the target's vocabulary ``[n, vocab_size]``

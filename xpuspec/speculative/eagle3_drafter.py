@@ -40,7 +40,7 @@ class Eagle3Drafter(Drafter):
 
     def begin(self, request: DraftRequest) -> None:
         super().begin(request)
-        self.cache = self.head.new_cache()
+        self.cache = self.head.new_draft_cache()
         self.taps, self.filled, self.valid = torch.empty(0, self.head.fc.in_features), 0, 0
 
     def observe(self, outputs: dict) -> None:
@@ -67,7 +67,7 @@ class Eagle3Drafter(Drafter):
             return NO_DRAFT
         head, cache = self.head, self.cache
         cache.rollback(cache.length - self.valid)
-        logits, out = head(context[self.valid + 1:last + 1], head.project(self.taps[self.valid:last]), cache)
+        logits, out = head.draft(context[self.valid + 1:last + 1], head.project(self.taps[self.valid:last]), cache)
         self.valid = last
         prefix = list(context)
         tokens, probs = [], []
@@ -82,7 +82,7 @@ class Eagle3Drafter(Drafter):
             tokens.append(token)
             prefix.append(token)
             if i + 1 < k:
-                logits, out = head([token], out[-1:], cache)
+                logits, out = head.draft([token], out, cache)
         return Draft(tokens, torch.stack(probs) if request.sample and probs else None)
 
     def end(self) -> None:
