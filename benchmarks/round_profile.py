@@ -2,15 +2,17 @@
 
 Loads the bench's target (SmolLM2-135M, int8_asym, the bench's OpenVINO config) once per drafter, decodes the
 bench's prompts greedily with ``min_new_tokens = max_new_tokens`` (as ``xpuspec bench`` does), and times every
-call of :func:`xpuspec.decode.decode_round`; the time inside the backend's ``InferRequest.infer`` during the round
-is subtracted. ``plain`` runs the loop's own plain rounds (the native engine's hand-over is switched off here, so
-that the loop's per-round work is what is measured).
+engine step; the time inside the backend's ``InferRequest.infer`` during the round
+is subtracted. A round is one :meth:`xpuspec.engine.Engine.step` (admit, prefill, propose, verify, accept, emit), run
+on the engine's own thread, where the profile is taken too. ``plain`` runs the engine's own plain rounds (the native
+hand-over is switched off here, so that the engine's per-round work is what is measured).
 
-    PYTHONPATH=.:plugins python benchmarks/round_profile.py [--drafters plain,prompt_lookup,hybrid,suffix]
-        [--prompts 2] [--max-new-tokens 64] [--repeats 2] [--top 12]
+    PYTHONPATH=.:plugins python benchmarks/round_profile.py [--drafters plain,prompt_lookup,hybrid,suffix,eagle3]
+        [--prompts 2] [--max-new-tokens 64] [--repeats 2] [--top 12] [--head FOLDER]
 
 Prints, per drafter: rounds, median and mean microseconds of Python per round outside ``infer``, the share of the
-round that is, and the cProfile entries with the most own time (infer left out).
+round that is, and the cProfile entries with the most own time (``infer`` among them). ``eagle3`` drafts with
+``--head FOLDER``.
 """
 
 import argparse
@@ -23,10 +25,10 @@ import time
 
 import torch
 
-import xpuspec.decode as decode_module
 from xpuspec import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
 from xpuspec.bench import prompts as prompt_sets
 from xpuspec.bench.systems import xpuspec_ov_config, DEFAULT_KV_CACHE_PRECISION
+from xpuspec.engine import Engine
 
 MODEL = "smollm2-135m-instruct"
 
@@ -72,31 +74,38 @@ def time_infer(runner, clock: Clock) -> int:
     return wrapped
 
 
-def load(drafter: str):
-    spec = None if drafter == "plain" else SpeculativeConfig(mode=drafter)
+def load(drafter: str, head=None):
+    spec = None if drafter == "plain" else SpeculativeConfig(mode=drafter, draft=head if drafter == "eagle3" else None)
     model = AutoModelForCausalLM.from_pretrained(MODEL, device="cpu", load_in_low_bit="int8_asym", speculative=spec,
                                                  ov_config=xpuspec_ov_config(DEFAULT_KV_CACHE_PRECISION) or None)
     return model
 
 
-def profile(drafter: str, items, max_new: int, repeats: int, top: int) -> dict:
-    model = load(drafter)
+def profile(drafter: str, items, max_new: int, repeats: int, top: int, head=None) -> dict:
+    model = load(drafter, head)
     clock = Clock()
     runners = [model.runner] + ([model.draft_model.runner] if model.draft_model is not None else [])
     wrapped = sum(time_infer(r, clock) for r in runners)
     if drafter == "plain":
-        model.runner.native_greedy = lambda *a, **k: None  # measure the loop's own plain rounds
+        model.runner.native_greedy = lambda *a, **k: None  # measure the engine's own plain rounds
     rounds_us, shares = [], []
-    real_round = decode_module.decode_round
+    real_step = Engine.step
+    profiler, profiling = cProfile.Profile(), [False]
 
-    def timed_round(target, req):
+    def timed_step(engine):
         before, t0 = clock.infer_s, time.perf_counter()
-        out = real_round(target, req)
-        wall = time.perf_counter() - t0
-        inside = clock.infer_s - before
-        rounds_us.append((wall - inside) * 1e6)
-        shares.append((wall - inside) / wall if wall > 0 else 0.0)
-        return out
+        if profiling[0]:
+            profiler.enable()
+        try:
+            return real_step(engine)
+        finally:
+            if profiling[0]:
+                profiler.disable()
+            wall = time.perf_counter() - t0
+            inside = clock.infer_s - before
+            if wall > 0 and engine.live or inside > 0:
+                rounds_us.append((wall - inside) * 1e6)
+                shares.append((wall - inside) / wall)
 
     def run():
         for ids in items:
@@ -105,19 +114,15 @@ def profile(drafter: str, items, max_new: int, repeats: int, top: int) -> dict:
             assert out.shape[1] == len(ids) + max_new
 
     run()  # warm up: compiles widths, measures the cost profile
-    decode_module.decode_round = timed_round
-    rounds_us.clear()
-    shares.clear()
-    profiler = cProfile.Profile()
+    Engine.step = timed_step
     try:
         for _ in range(repeats):
             run()
         timed = list(rounds_us)
-        profiler.enable()
+        profiling[0] = True
         run()
-        profiler.disable()
     finally:
-        decode_module.decode_round = real_round
+        Engine.step = real_step
     buffer = io.StringIO()
     stats = pstats.Stats(profiler, stream=buffer)
     stats.sort_stats("tottime").print_stats(top)
@@ -134,11 +139,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="timed passes over the prompts (default 2)")
     p.add_argument("--top", type=int, default=12, help="cProfile entries shown (default 12)")
     p.add_argument("--no-profile", action="store_true", help="print the timings only")
+    p.add_argument("--head", default=None, metavar="FOLDER", help="the EAGLE-3 head of drafter eagle3")
     args = p.parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     chosen = prompt_sets.select(prompt_sets.parse_prompt_spec(args.prompts))
     items = [tokenizer(text).input_ids for texts in chosen.values() for text in texts]
-    results = [profile(d.strip(), items, args.max_new_tokens, args.repeats, args.top) for d in args.drafters.split(",")]
+    results = [profile(d.strip(), items, args.max_new_tokens, args.repeats, args.top, args.head)
+               for d in args.drafters.split(",")]
     print(f"{'drafter':<15}{'rounds':>8}{'median us':>11}{'mean us':>9}{'share':>7}")
     for r in results:
         print(f"{r['drafter']:<15}{r['rounds']:>8}{r['median_us']:>11.0f}{r['mean_us']:>9.0f}{r['share']:>7.0%}")
