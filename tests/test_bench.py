@@ -282,16 +282,23 @@ def test_bench_cli_errors_are_one_line():
                          (["--batch-size", "4", "--systems", "genai"], "the systems are xpuspec-plain"),
                          (["--batch-size", "4", "--plot", "x.png"], "do not apply with --batch-size"),
                          (["--batch-size", "4", "--rounds", "0"], "--rounds 0: give 1 or more"),
+                         (["--batch-size", "4", "--batch-prompts", "poetry"], "Unknown prompt set 'poetry'"),
+                         (["--batch-prompts", "heldout:4"], "add --batch-size"),
                          (["--head", "/nonexistent/head"], "--head /nonexistent/head: ")]:
         done = _cli(*args)
         assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 def test_batch_size_runs_the_batched_bench(smollm2_path, tmp_path):
-    """``xpuspec bench --batch-size``: each named system decodes every row of each batch; figures per batch size."""
+    """``xpuspec bench --batch-size``: each named system decodes every row of each batch; figures per batch size.
+    The rows here are two prose prompts of the bench's sets (``--batch-prompts``), the third row the first again."""
+    from xpuspec.bench.batch import batch_rows
+    from xpuspec.bench.prompts import select
+
+    assert batch_rows(3, "prose:2") == (select({"prose": 2})["prose"] * 2)[:3]
     out = tmp_path / "batch.json"
     done = _cli("--batch-size", "1,3", "--systems", "xpuspec-lookup", "--max-new-tokens", "6", "--repeats", "1",
-                "--json", str(out))
+                "--batch-prompts", "prose:2", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert [r["system"] for r in results] == ["xpuspec-lookup"]

@@ -8,7 +8,8 @@ Systems (each in a process of its own, so that its peak RSS is its own): ``xpusp
 self-draft), ``xpuspec-hybrid`` (that draft and prompt lookup), ``genai-cb`` (``openvino_genai.LLMPipeline`` with a
 ``SchedulerConfig``), ``genai-cb-lookup`` (``prompt_lookup=True``), ``genai-cb-draft`` (``draft_model=`` the same
 draft's IR). The target IR is ``--low-bit`` (default int8_asym). Every call generates exactly ``--max-new-tokens``
-per prompt (EOS suppressed by ``min_new_tokens``). Each batch size is timed ``--repeats`` times after one warm-up,
+per prompt (EOS suppressed by ``min_new_tokens``); the rows are :data:`PROMPTS`, or ``--batch-prompts`` sets'
+prompts (``heldout:8``: the news reports no default was tuned on). Each batch size is timed ``--repeats`` times after one warm-up,
 and the sequence of systems runs ``--rounds`` times in turn; figures are medians: aggregate tokens/s (all rows' new
 tokens over the call's wall time), per-request tokens/s (a row's new tokens over its own time), TTFT, and the
 process's peak RSS. Both tools run with the single-request bench's CPU pinning setting (:data:`OV_PROPERTIES`:
@@ -44,9 +45,17 @@ PROMPTS = [
 ]
 
 
-def batch_rows(batch: int) -> List[str]:
-    """The bench's prompts, repeated in order to ``batch`` rows."""
-    return [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+def batch_rows(batch: int, spec: Optional[str] = None) -> List[str]:
+    """``batch`` rows: :data:`PROMPTS`, or with ``spec`` (``--batch-prompts``, as ``--prompts``: ``"heldout:8"``) the
+    bench's prompt sets' prompts, repeated in order.
+
+    Raises:
+        ValueError: a bad ``spec`` (an unknown set, a count below 1).
+    """
+    from .prompts import parse_prompt_spec, select
+
+    pool = PROMPTS if spec is None else [t for texts in select(parse_prompt_spec(spec)).values() for t in texts]
+    return [pool[i % len(pool)] for i in range(batch)]
 
 
 def _xpuspec(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
@@ -66,7 +75,7 @@ def _xpuspec(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
     kwargs = dict(prompt_lookup_num_tokens=3) if system == "xpuspec-lookup" else {}
     out = {}
     for b in sizes:
-        batch = tok(batch_rows(b), padding=True, return_tensors="pt")
+        batch = tok(batch_rows(b, args.batch_prompts), padding=True, return_tensors="pt")
         runs = []
         for r in range(1 + repeats):
             t0 = time.perf_counter()
@@ -117,7 +126,7 @@ def _genai(system: str, args: argparse.Namespace, sizes: List[int]) -> dict:
         runs = []
         for r in range(1 + repeats):
             t0 = time.perf_counter()
-            res = pipe.generate(batch_rows(b), config)
+            res = pipe.generate(batch_rows(b, args.batch_prompts), config)
             wall = time.perf_counter() - t0
             if r:
                 metrics = res.perf_metrics
@@ -139,6 +148,10 @@ def _child(args) -> None:
     print(json.dumps({"system": args.system, "peak_rss_mib": rss, "by_batch": figures}))
 
 
+BATCH_PROMPTS_HELP = ("the rows: prompts of the bench's sets, as --prompts (heldout:8 for text xpuspec was not tuned "
+                      "on), repeated to each batch size; default: the batched bench's 8 short prompts")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The batched bench's options (``python -m xpuspec.bench.batch``; ``xpuspec bench --batch-size`` shares them)."""
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -147,6 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-low-bit", default="int4_sym", help="draft IR weight format (default int4_sym)")
     parser.add_argument("--head", default=None, metavar="FOLDER", help="EAGLE-3 head of xpuspec-eagle3")
     parser.add_argument("--batch-size", default="1,4,8", help="comma-separated batch sizes (default 1,4,8)")
+    parser.add_argument("--batch-prompts", default=None, metavar="SETS", help=BATCH_PROMPTS_HELP)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="run the systems in turn this many times (default 1)")
@@ -195,6 +209,7 @@ def sweep(args: argparse.Namespace) -> List[dict]:
         ValueError: bad batch sizes, systems or rounds.
     """
     parse_sizes(args.batch_size)
+    batch_rows(1, args.batch_prompts)  # a bad --batch-prompts is refused before any system runs
     systems = parse_batch_systems(args.systems, args.head is not None)
     if args.rounds < 1:
         raise ValueError(f"--rounds {args.rounds}: give 1 or more.")
@@ -205,7 +220,8 @@ def sweep(args: argparse.Namespace) -> List[dict]:
                    "--low-bit", args.low_bit, "--draft-low-bit", args.draft_low_bit,
                    "--batch-size", args.batch_size, "--max-new-tokens", str(args.max_new_tokens),
                    "--repeats", str(args.repeats)] + (["--draft", args.draft] if args.draft else []) \
-                + (["--head", args.head] if args.head else [])
+                + (["--head", args.head] if args.head else []) \
+                + (["--batch-prompts", args.batch_prompts] if args.batch_prompts else [])
             start = load_average()
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:

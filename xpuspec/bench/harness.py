@@ -28,6 +28,7 @@ from typing import Dict, List, Optional
 
 from ..lowbit import FORMATS
 from . import prompts as prompt_sets
+from .batch import BATCH_PROMPTS_HELP
 from .load import CompetingLoad, load_average
 from .memory import check_loaded, memory_mib
 from .systems import DEFAULT_KV_CACHE_PRECISION, REFERENCE, SYSTEMS, Setup, parse_systems
@@ -442,6 +443,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the batched bench instead: xpuspec's engine beside openvino_genai's continuous batching "
                         "at these batch sizes, e.g. 1,4,8 (--systems then names batched systems)")
     p.add_argument("--rounds", type=int, default=1, help="with --batch-size: run the systems in turn this many times")
+    p.add_argument("--batch-prompts", default=None, metavar="SETS", help="with --batch-size: " + BATCH_PROMPTS_HELP)
 
 
 def check_output_file(option: str, path: Optional[str]) -> Optional[Path]:
@@ -486,6 +488,9 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.batch_size is not None:
         return _batched(args)
+    if args.batch_prompts is not None:
+        raise ValueError("--batch-prompts chooses the rows of the batched bench: add --batch-size, or give the "
+                         "single-request bench its prompts with --prompts.")
     settings = BenchSettings(
         model=args.model, draft=args.draft, low_bit=args.low_bit.lower(), draft_low_bit=args.draft_low_bit.lower(),
         systems=parse_systems(args.systems, args.draft is not None, args.head is not None), baseline=args.baseline,
