@@ -282,7 +282,7 @@ def test_bench_cli_errors_are_one_line():
                          (["--batch-size", "4", "--systems", "genai"], "the systems are xpuspec-plain"),
                          (["--batch-size", "4", "--plot", "x.png"], "do not apply with --batch-size"),
                          (["--batch-size", "4", "--rounds", "0"], "--rounds 0: give 1 or more"),
-                         (["--batch-size", "4", "--batch-prompts", "poetry"], "Unknown prompt set 'poetry'"),
+                         (["--batch-size", "4", "--batch-prompts", "code:abc"], "Bad count in --batch-prompts item"),
                          (["--batch-prompts", "heldout:4"], "add --batch-size"),
                          (["--head", "/nonexistent/head"], "--head /nonexistent/head: ")]:
         done = _cli(*args)

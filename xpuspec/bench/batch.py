@@ -54,7 +54,14 @@ def batch_rows(batch: int, spec: Optional[str] = None) -> List[str]:
     """
     from .prompts import parse_prompt_spec, select
 
-    pool = PROMPTS if spec is None else [t for texts in select(parse_prompt_spec(spec)).values() for t in texts]
+    if spec is None:
+        pool = PROMPTS
+    else:
+        try:
+            counts = parse_prompt_spec(spec)
+        except ValueError as exc:  # its messages name --prompts, whose spelling this option shares
+            raise ValueError(str(exc).replace("--prompts", "--batch-prompts")) from exc
+        pool = [t for texts in select(counts).values() for t in texts]
     return [pool[i % len(pool)] for i in range(batch)]
 
 
