@@ -362,7 +362,7 @@ def test_the_batched_peers_run_with_the_same_cpu_pinning_as_the_single_request_b
     monkeypatch.setattr(xpuspec.AutoModelForCausalLM, "from_pretrained", from_pretrained)
     monkeypatch.setenv("XPUSPEC_CACHE", str(tmp_path / "cache"))
     args = Namespace(model=str(tiny_model(tmp_path / "tiny", seed=1)), draft=None, low_bit="int8_asym",
-                     draft_low_bit="int8_asym", max_new_tokens=2, repeats=1)
+                     draft_low_bit="int8_asym", max_new_tokens=2, repeats=1, batch_prompts=None)
     batch._genai("genai-cb-draft", args, [1])
     figures = batch._xpuspec("xpuspec-plain", args, [2])
     pinning = ov_properties(None)["ENABLE_CPU_PINNING"]
