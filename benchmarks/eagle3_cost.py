@@ -159,7 +159,8 @@ def main():
     torch.set_num_threads(args.torch_threads)  # the decode loop runs torch on one thread beside OpenVINO
     threads = torch.get_num_threads()
     print(f"\nHead (1 decoder layer, draft vocabulary {spec.draft_vocab_size}), cache of {args.context} entries; "
-          f"torch on {threads} threads; the formats' passes interleaved in a new order each round, median of {args.repeats}:\n\n"
+          f"torch on {threads} threads; the formats' passes interleaved in a new order each round, "
+          f"median of {args.repeats}:\n\n"
           "| head | chain step (1 entry) ms | / target 1-token pass | catch-up of 4 accepted entries ms |\n"
           "|---|---:|---:|---:|")
     hidden = torch.randn(args.context, len(layer_ids) * config.hidden_size)

@@ -9,8 +9,9 @@ self-draft), ``xpuspec-hybrid`` (that draft and prompt lookup), ``genai-cb`` (``
 ``SchedulerConfig``), ``genai-cb-lookup`` (``prompt_lookup=True``), ``genai-cb-draft`` (``draft_model=`` the same
 draft's IR). The target IR is ``--low-bit`` (default int8_asym). Every call generates exactly ``--max-new-tokens``
 per prompt (EOS suppressed by ``min_new_tokens``); the rows are :data:`PROMPTS`, or ``--batch-prompts`` sets'
-prompts (``heldout:8``: the news reports no default was tuned on). Each batch size is timed ``--repeats`` times after one warm-up,
-and the sequence of systems runs ``--rounds`` times in turn; figures are medians: aggregate tokens/s (all rows' new
+prompts (``heldout:8``: the news reports no default was tuned on). Each batch size is timed ``--repeats`` times
+after one warm-up, and the sequence of systems runs ``--rounds`` times in turn; figures are medians: aggregate
+tokens/s (all rows' new
 tokens over the call's wall time), per-request tokens/s (a row's new tokens over its own time), TTFT, and the
 process's peak RSS. Both tools run with the single-request bench's CPU pinning setting (:data:`OV_PROPERTIES`:
 ``ENABLE_CPU_PINNING`` off, xpuspec's default; openvino_genai pins by default), recorded in each system's result,
