@@ -32,6 +32,7 @@ import copy
 import importlib
 import json
 import numbers
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -482,17 +483,21 @@ class Eagle3Head(torch.nn.Module):
         return (logits, x) if batched else (logits[0], x[0])
 
     def _first(self, layer, x: torch.Tensor, cos_sin, mask, kv) -> torch.Tensor:
-        """The first decoder layer on ``[embed ; hidden]``: the embedding through ``input_layernorm``, the hidden
-        part through ``hidden_norm`` and kept as the residual (EAGLE-3's first layer)."""
-        embeds, hidden = x.split(x.shape[-1] // 2, dim=-1)
-        residual = hidden
-        hidden = layer.hidden_norm(hidden)
-        if self.spec.norm_before_residual:
-            residual = hidden
-        attended, _ = layer.self_attn(hidden_states=torch.cat([layer.input_layernorm(embeds), hidden], dim=-1),
-                                      position_embeddings=cos_sin, attention_mask=mask, past_key_values=kv)
+        """The first decoder layer on ``[embed ; hidden]`` (EAGLE-3's first layer: :meth:`_first_inputs`)."""
+        residual, attn_in = self._first_inputs(layer, x)
+        attended, _ = layer.self_attn(hidden_states=attn_in, position_embeddings=cos_sin, attention_mask=mask,
+                                      past_key_values=kv)
         x = residual + attended
         return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _first_inputs(self, layer, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The first layer's residual and attention input from ``x`` = ``[embed ; hidden]``: the embedding through
+        ``input_layernorm``, the hidden part through ``hidden_norm`` and kept as the residual (normed or not, by
+        ``norm_before_residual``)."""
+        embeds, hidden = x.split(x.shape[-1] // 2, dim=-1)
+        normed = layer.hidden_norm(hidden)
+        residual = normed if self.spec.norm_before_residual else hidden
+        return residual, torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
 
     def draft(self, tokens: Sequence[int], hidden: torch.Tensor,
               cache: DraftCache) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -513,15 +518,10 @@ class Eagle3Head(torch.nn.Module):
         n, past = len(tokens), cache.length
         x = torch.cat([self.embed(torch.as_tensor(tokens, dtype=torch.long)), hidden.float()], dim=-1)[None]
         cos, sin = self._rotary(past + 1, past + 1 + n)
+        mask = None if n == 1 else torch.full((n, past + n), float("-inf")).triu(past + 1)  # causal over the cache
         for i, layer in enumerate(self.layers):
-            if i == 0:
-                embeds, hidden_part = x.split(x.shape[-1] // 2, dim=-1)
-                normed = layer.hidden_norm(hidden_part)
-                residual = normed if self.spec.norm_before_residual else hidden_part
-                attn_in = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
-            else:
-                residual, attn_in = x, layer.input_layernorm(x)
-            x = residual + self._attend(layer.self_attn, i, attn_in, cos, sin, cache)
+            residual, attn_in = self._first_inputs(layer, x) if i == 0 else (x, layer.input_layernorm(x))
+            x = residual + self._attend(layer.self_attn, i, attn_in, cos, sin, mask, cache)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         cache.length += n
         x = x[:, -1]
@@ -529,29 +529,27 @@ class Eagle3Head(torch.nn.Module):
         return self.lm_head(normed), (normed if self.spec.norm_output else x)
 
     def _rotary(self, start: int, end: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` ``[1, 1, end - start, head_dim]`` of rotary positions ``start..end-1``, from a table that
+        """``(cos, sin)`` ``[1, end - start, head_dim]`` of rotary positions ``start..end-1``, from a table that
         grows by doubling (transformers' rotary embedding of the head, evaluated once per position)."""
         table = getattr(self, "_rotary_table", None)
-        if table is None or table[0].shape[2] < end:
+        if table is None or table[0].shape[1] < end:
             positions = torch.arange(max(1024, 2 * end))[None]
-            cos, sin = self.rotary(torch.zeros(1, dtype=torch.float32), positions)
-            table = self._rotary_table = (cos[:, None], sin[:, None])
-        return table[0][:, :, start:end], table[1][:, :, start:end]
+            table = self._rotary_table = self.rotary(torch.zeros(1, dtype=torch.float32), positions)
+        return table[0][:, start:end], table[1][:, start:end]
 
     @staticmethod
-    def _attend(attn, layer: int, x: torch.Tensor, cos, sin, cache: DraftCache) -> torch.Tensor:
+    def _attend(attn, layer: int, x: torch.Tensor, cos, sin, mask, cache: DraftCache) -> torch.Tensor:
         """One layer's self-attention of ``x`` ``[1, n, width]`` over the cache and itself (transformers'
-        attention: projections, optional q/k norms, rotary, grouped-query scaled-dot-product, ``o_proj``)."""
+        attention: projections, optional q/k norms, its model's ``apply_rotary_pos_emb``, grouped-query
+        scaled-dot-product under ``mask`` ``[n, length + n]`` or ``None`` for one entry, ``o_proj``)."""
         n = x.shape[1]
         shape = (1, n, -1, attn.head_dim)
         q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
         if getattr(attn, "q_norm", None) is not None:  # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), attn.v_proj(x).view(shape).transpose(1, 2)
-        q = q * cos + torch.cat((-q[..., attn.head_dim // 2:], q[..., :attn.head_dim // 2]), -1) * sin
-        k = k * cos + torch.cat((-k[..., attn.head_dim // 2:], k[..., :attn.head_dim // 2]), -1) * sin
+        q, k = sys.modules[type(attn).__module__].apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = cache.put(layer, k, v)
-        mask = None if n == 1 else torch.full((n, keys.shape[2]), float("-inf")).triu(keys.shape[2] - n + 1)
         out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
                                                                enable_gqa=keys.shape[1] != q.shape[1])
         return attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
