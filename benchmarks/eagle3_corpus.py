@@ -1,8 +1,10 @@
 """Write a training corpus for ``xpuspec train-draft`` from text on this machine that no benchmark judges with.
 
-The prompts (a ``.jsonl`` file, one ``{"prompt": ...}`` per line) come from the Python standard library's own source
-and docstrings, and from instruction templates over a fixed list of topics; the target then continues each one
-(``train-draft --continue-tokens N``), so the head learns the target's own outputs (self-distillation).
+The rows (a ``.jsonl`` file) come from the Python standard library's own source and docstrings (raw text to
+continue: ``{"prompt": ...}``), and from instruction templates over a fixed list of topics (chat rows:
+``{"messages": [{"role": "user", ...}]}``, which ``train-draft`` renders with the target's chat template); the target
+then continues or answers each one (``train-draft --continue-tokens N``), so the head learns the target's own
+outputs (self-distillation).
 
 Kept out, so that a head trained on this corpus can be judged on the benchmarks' text:
 - the held-out news reports (the Lee corpus, ``heldout``), HumanEval (``code``) and ``pydoc_data.topics`` (``prose``);
@@ -93,6 +95,12 @@ def docstrings(tree):
                 yield doc
 
 
+def _ask(instruction: str, kind: str) -> dict:
+    """An instruction as a chat row: ``train-draft`` renders it with the target's chat template and the target
+    answers it (given as raw text, an instruct model often ends its turn at once)."""
+    return {"messages": [{"role": "user", "content": instruction}], "kind": kind}
+
+
 def prompts(seed: int, count: int):
     rng = random.Random(seed)
     code, docs = [], []
@@ -113,14 +121,15 @@ def prompts(seed: int, count: int):
     quarter = count // 4
     made += [{"prompt": c, "kind": "code continuation"} for c in code[:quarter]]
     for doc in docs[:quarter // 2]:
-        made.append({"prompt": f"Summarize the following text in two sentences.\n\n{doc}\n\nSummary:", "kind": "summary"})
+        made.append(_ask(f"Summarize the following text in two sentences.\n\n{doc}", "summary"))
     made += [{"prompt": d[:600], "kind": "docstring continuation"} for d in docs[quarter // 2:quarter]]
     writing = [t.format(topic=topic) for t in TEMPLATES for topic in TOPICS]
     rng.shuffle(writing)
-    made += [{"prompt": w, "kind": "writing"} for w in writing[:quarter]]
+    made += [_ask(w, "writing") for w in writing[:quarter]]
     tasks = [t.format(task=task) for t in CODE_TEMPLATES for task in CODE_TASKS]
     rng.shuffle(tasks)
-    made += [{"prompt": t, "kind": "code task"} for t in tasks[:count - len(made)]]
+    made += [_ask(t, "code task") if t.startswith("Write") else {"prompt": t, "kind": "code task"}
+             for t in tasks[:count - len(made)]]
     rng.shuffle(made)
     return made
 

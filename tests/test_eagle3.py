@@ -627,14 +627,44 @@ def test_a_trained_head_is_accepted_where_a_random_one_is_not(tiny_target, words
 
 
 def test_training_text_is_read_and_bad_text_refused(tmp_path):
-    from xpuspec.speculative.eagle3_train import read_texts
+    from xpuspec.speculative.eagle3_train import Chat, read_texts
 
     (tmp_path / "a.txt").write_text("hello there")
     (tmp_path / "b.jsonl").write_text('{"text": "one"}\n\n{"messages": [{"role": "user", "content": "hi"}, '
-                                      '{"role": "assistant", "content": "yo"}]}\n')
-    assert read_texts([tmp_path]) == ["hello there", "one", "hi\nyo"]
+                                      '{"role": "assistant", "content": "yo"}]}\n'
+                                      '{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}\n')
+    assert read_texts([tmp_path]) == [
+        "hello there", "one",
+        Chat(({"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"})),
+        Chat(({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}))]
     with pytest.raises(ModelSourceError, match="No training text"):
         read_texts([tmp_path / "missing"])
     (tmp_path / "c.jsonl").write_text("{oops\n")
     with pytest.raises(ModelSourceError, match=r"c.jsonl:1 is not JSON"):
         read_texts([tmp_path / "c.jsonl"])
+    (tmp_path / "c.jsonl").write_text('{"messages": [{"role": "robot", "content": "hi"}]}\n')
+    with pytest.raises(ModelSourceError, match=r"c.jsonl:1: a chat's turns need a role"):
+        read_texts([tmp_path / "c.jsonl"])
+
+
+def test_chats_are_rendered_with_the_chat_template_and_answered_by_the_target(tokenizer):
+    """With regeneration, a chat's trailing answer is dropped and the generation prompt ends the sequence (the
+    target answers itself), kept to its last tokens; without, the whole rendered chat is text. A tokenizer without
+    a chat template is refused, naming the fix."""
+    from xpuspec.speculative.eagle3_train import Chat, _prompts
+
+    chat = Chat(({"role": "user", "content": "Write a poem about rain."},
+                 {"role": "assistant", "content": "Rain falls."}))
+    asked = tokenizer.apply_chat_template([chat.messages[0]], add_generation_prompt=True, tokenize=False)
+    (prompt,) = _prompts(tokenizer, [chat], 512, regenerate=True)
+    assert tokenizer.decode(prompt) == asked and "Rain falls" not in asked
+    assert _prompts(tokenizer, [chat], 5, regenerate=True) == [prompt[-5:]]
+    text = "A plain text of more than eight tokens, cut into pieces."
+    whole = _prompts(tokenizer, [chat, text], 512, regenerate=False)
+    assert "Rain falls." in tokenizer.decode(whole[0]) and tokenizer.decode(whole[1]) == text
+
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(ModelSourceError, match="no chat template"):
+        _prompts(NoTemplate(), [chat], 64, regenerate=True)

@@ -24,8 +24,12 @@ only the head's steps. A step trains ``batch_size`` sequences padded to the long
 CPUs with bfloat16 products (float32 master weights and optimizer, as speculators trains in bfloat16 on GPUs), at
 speculators' default learning-rate schedule: a linear warmup over the first 1% of the steps, then a linear decay to
 0 at ``steps`` (a resumed run given more ``steps`` decays over the new total). The transformers model is read once,
-at the start of a new run, for the weights a head starts from (the embeddings, the readout). Not yet: chat
-templates for chat datasets.
+at the start of a new run, for the weights a head starts from (the embeddings, the readout).
+
+Chat rows (``messages``, or ShareGPT ``conversations``) are rendered with the target's chat template and, with
+``continue_tokens``, answered by the target itself. An instruct model given an instruction as raw text often stops
+at once (SmolLM2-135M-Instruct ended 370 of 1507 such pieces with its end-of-turn token, leaving nothing to learn
+from), so a run says how many continuations stopped within :data:`STOPPED_EARLY` tokens.
 """
 
 import json
@@ -33,7 +37,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence, Union
 
 import torch
 
@@ -43,6 +47,8 @@ from .eagle3 import Eagle3Head, check_head, default_layer_ids, new_head, read_he
 CHECKPOINT = "train-state.pt"
 #: What a .jsonl line's text is read from, tried in order.
 JSONL_FIELDS = ("text", "content", "prompt", "completion", "response")
+#: A continuation this short or shorter counts as stopped at once (the run's warning).
+STOPPED_EARLY = 4
 #: The target's most likely draft tokens a training step learns from, per position (their probabilities kept).
 TEACHER_TOP = 32
 
@@ -64,12 +70,43 @@ class TrainReport:
     resumed_from: int = 0
 
 
-def read_texts(paths: Sequence) -> List[str]:
-    """The texts of ``.txt`` files (one text each), ``.jsonl`` files (one per line: its ``text`` / ``content`` /
-    ``prompt`` + ``completion`` fields, or a chat's ``messages`` contents) and folders of them.
+@dataclass(frozen=True)
+class Chat:
+    """A chat dataset row: its messages (``{"role", "content"}`` dicts, roles ``system`` / ``user`` /
+    ``assistant``), rendered with the target's own chat template (:func:`_prompts`), as the server renders a chat."""
+
+    messages: tuple
+
+
+#: ShareGPT's speaker names, as roles.
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def _chat(row: dict, where: str) -> Optional[Chat]:
+    """A .jsonl row's chat (``messages``: OpenAI / transformers; ``conversations``: ShareGPT's ``from`` / ``value``),
+    or ``None`` for a row without one."""
+    if isinstance(row.get("messages"), list):
+        turns = [(m.get("role"), m.get("content")) for m in row["messages"] if isinstance(m, dict)]
+    elif isinstance(row.get("conversations"), list):
+        turns = [(SHAREGPT_ROLES.get(m.get("from")), m.get("value")) for m in row["conversations"]
+                 if isinstance(m, dict)]
+    else:
+        return None
+    if not turns or any(role not in ("system", "user", "assistant") or not isinstance(text, str)
+                        for role, text in turns):
+        raise ModelSourceError(f"{where}: a chat's turns need a role (system, user, assistant; ShareGPT: human, "
+                               f"gpt) and a text content, got {turns[:3]}.")
+    return Chat(tuple({"role": role, "content": text} for role, text in turns))
+
+
+def read_texts(paths: Sequence) -> List[Union[str, Chat]]:
+    """The texts of ``.txt`` files (one text each), ``.jsonl`` files (one per line: a chat's ``messages`` or
+    ShareGPT ``conversations``, kept as a :class:`Chat`; else its ``text`` / ``content`` / ``prompt`` +
+    ``completion`` fields) and folders of them.
 
     Raises:
-        ModelSourceError: a path that does not exist, or no text at all.
+        ModelSourceError: a path that does not exist, a line that is not JSON, a chat turn without a role or text,
+            or no text at all.
     """
     files = []
     for path in map(Path, paths):
@@ -89,16 +126,49 @@ def read_texts(paths: Sequence) -> List[str]:
                     row = json.loads(line)
                 except ValueError as exc:
                     raise ModelSourceError(f"{file}:{n} is not JSON ({exc}).") from exc
-                if isinstance(row, dict) and isinstance(row.get("messages"), list):
-                    texts.append("\n".join(str(m.get("content", "")) for m in row["messages"] if isinstance(m, dict)))
-                elif isinstance(row, dict):
-                    texts.append("\n".join(str(row[k]) for k in JSONL_FIELDS if isinstance(row.get(k), str)))
+                if not isinstance(row, dict):
+                    continue
+                chat = _chat(row, f"{file}:{n}")
+                texts.append(chat if chat is not None else
+                             "\n".join(str(row[k]) for k in JSONL_FIELDS if isinstance(row.get(k), str)))
         else:
             texts.append(file.read_text(errors="replace"))
-    texts = [t for t in texts if t.strip()]
+    texts = [t for t in texts if isinstance(t, Chat) or t.strip()]
     if not texts:
         raise ModelSourceError(f"No text in {', '.join(map(str, paths))}.")
     return texts
+
+
+def _prompts(tokenizer, texts: Sequence[Union[str, Chat]], length: int, regenerate: bool) -> List[List[int]]:
+    """The token sequences a run trains on or continues: each text cut into pieces of ``length`` tokens
+    (:func:`_chunks`); each :class:`Chat` rendered with the tokenizer's chat template. ``regenerate``: the chat's
+    last assistant turns are dropped and the generation prompt added, so that the target answers itself
+    (self-distillation, as the speculators package regenerates a dataset's responses with the verifier), kept to
+    its last ``length`` tokens; else the whole chat is cut into pieces as a text.
+
+    Raises:
+        ModelSourceError: chats, and a tokenizer without a chat template.
+    """
+    chats = [t for t in texts if isinstance(t, Chat)]
+    if chats and not getattr(tokenizer, "chat_template", None):
+        raise ModelSourceError(f"{len(chats)} training row(s) are chats, and the target's tokenizer has no chat "
+                               "template to render them with; give them as text rows ({\"text\": ...}).")
+    out = []
+    for text in texts:
+        if not isinstance(text, Chat):
+            out += _chunks(tokenizer, [text], length)
+            continue
+        turns = list(text.messages)
+        while regenerate and turns and turns[-1]["role"] == "assistant":
+            turns.pop()
+        if regenerate and not turns:
+            continue
+        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=regenerate, tokenize=False)
+        if regenerate:
+            out.append(tokenizer(rendered, add_special_tokens=False)["input_ids"][-length:])
+        else:
+            out += _chunks(tokenizer, [rendered], length)
+    return out
 
 
 def _chunks(tokenizer, texts: Iterable[str], length: int) -> List[List[int]]:
@@ -225,10 +295,15 @@ def train_head(model: str, data: Sequence, out, steps: int = 2000, seq_len: int 
 
     loaded = AutoModelForCausalLM.from_pretrained(model, load_in_low_bit=target_low_bit)
     if continue_tokens > 0:
-        prompts = _chunks(tokenizer, texts, max(8, seq_len - continue_tokens))
+        prompts = _prompts(tokenizer, texts, max(8, seq_len - continue_tokens), regenerate=True)
         sequences = _own_continuations(loaded, prompts, continue_tokens, out / "own-outputs.json", progress)
+        stopped = sum(len(s) - len(p) <= STOPPED_EARLY for p, s in zip(prompts, sequences))
+        if stopped > len(prompts) // 10:
+            log(f"warning: the target stopped within {STOPPED_EARLY} tokens on {stopped} of {len(prompts)} prompts, "
+                "which teach the head little; an instruct model answers instructions given as chat rows "
+                "({\"messages\": [{\"role\": \"user\", \"content\": ...}]}), rendered with its chat template.")
     else:
-        sequences = _chunks(tokenizer, texts, seq_len)
+        sequences = _prompts(tokenizer, texts, seq_len, regenerate=False)
     target = TargetPasses(loaded, taps_ids)  # the taps only now: the continuations' passes do not need them
     if len(sequences) < 2:
         raise ModelSourceError(f"The training text gives {len(sequences)} sequence(s) of {seq_len} tokens; give more.")
