@@ -13,7 +13,7 @@ the formats run one after the other within each set.
 Usage::
 
     PYTHONPATH=.:plugins python benchmarks/eagle3_acceptance.py --head DIR [--model smollm2-135m-instruct]
-        [--sets heldout:8,code:8,prose:8] [--k 4] [--max-new-tokens 64] [--head-formats int8_sym,fp32]
+        [--sets heldout:8,code:8,prose:8] [--k 4] [--max-new-tokens 64] [--head-formats int8_sym,fp32] [--chat]
 """
 
 import argparse
@@ -25,14 +25,14 @@ import torch
 from xpuspec import AutoModelForCausalLM, AutoTokenizer, SpeculativeConfig
 from xpuspec.speculative.eagle3 import HEAD_FORMATS
 from xpuspec.bench.load import load_average
-from xpuspec.bench.prompts import parse_prompt_spec, select
+from xpuspec.bench.prompts import parse_prompt_spec, select, token_ids
 from xpuspec.generation import batch_stats
 
 
-def measure(model, plain, tokenizer, prompts, new_tokens: int) -> dict:
+def measure(model, plain, tokenizer, prompts, new_tokens: int, chat: bool = False) -> dict:
     same, runs = 0, []
     for text in prompts:
-        ids = tokenizer(text, return_tensors="pt").input_ids
+        ids = torch.tensor([token_ids(tokenizer, text, chat)])
         want = plain.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
         got = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
         same += got.tolist() == want.tolist()
@@ -54,6 +54,7 @@ def main(argv=None):
     parser.add_argument("--sets", default="heldout:8,code:8,prose:8")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--chat", action="store_true", help="each prompt as a user turn in the chat template")
     parser.add_argument("--json", default=None)
     parser.add_argument("--head-formats", default=",".join(HEAD_FORMATS),
                         help=f"the head's drafting formats to measure, comma-separated (of {', '.join(HEAD_FORMATS)})")
@@ -71,10 +72,10 @@ def main(argv=None):
     for name, prompts in select(parse_prompt_spec(args.sets)).items():
         for fmt, model in models.items():
             began = time.perf_counter()
-            results[f"{name} {fmt}"] = measure(model, plain, tokenizer, prompts, args.max_new_tokens)
+            results[f"{name} {fmt}"] = measure(model, plain, tokenizer, prompts, args.max_new_tokens, args.chat)
             results[f"{name} {fmt}"]["wall_s"] = time.perf_counter() - began
     print(f"head {args.head}, target {args.model} {args.low_bit}, k={args.k} (constant), {args.max_new_tokens} new "
-          f"tokens, torch threads {torch.get_num_threads()}, load average {start_load} -> {load_average()}\n")
+          f"tokens{', chat template' if args.chat else ''}, torch threads {torch.get_num_threads()}, load average {start_load} -> {load_average()}\n")
     print("| set, head format | prompts | identical | mean accepted length | acceptance per position | "
           "draft ms / round | verify ms / round |")
     print("|---|---:|---:|---:|---|---:|---:|")

@@ -236,6 +236,26 @@ def test_the_schema_takes_every_system_family(tiny_report):
         report.validate(report_)
 
 
+def test_chat_prompts_are_user_turns_in_the_chat_template(tokenizer):
+    """``--chat``: every system is given the prompt as the server would render a chat (the template's user turn and
+    generation prompt, no second BOS); without it, the raw text. A model without a chat template is refused."""
+    from xpuspec.bench.prompts import token_ids
+
+    text = "Summarize the following news report in two sentences."
+    assert token_ids(tokenizer, text) == tokenizer(text).input_ids
+    chat = token_ids(tokenizer, text, chat=True)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    assert tokenizer.decode(chat) == rendered and rendered.startswith("<|im_start|>") and text in rendered
+    assert rendered.endswith("<|im_start|>assistant\n")
+
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(ValueError, match="--chat: the model's tokenizer has no chat template"):
+        token_ids(NoTemplate(), text, chat=True)
+
+
 def test_ttft_covers_the_prefill(ov_int8, tokenizer):
     """The bench's clock of a call (its streamer) against the engine's own of the same call: the first token
     arrives after the call began, after the target's prefill forward (``prefill_s``, timed inside the engine) and
@@ -281,6 +301,7 @@ def test_bench_cli_errors_are_one_line():
                          (["--batch-size", "1,0"], "give positive integers separated by commas"),
                          (["--batch-size", "4", "--systems", "genai"], "the systems are xpuspec-plain"),
                          (["--batch-size", "4", "--plot", "x.png"], "do not apply with --batch-size"),
+                         (["--batch-size", "4", "--chat"], "do not apply with --batch-size"),
                          (["--batch-size", "4", "--rounds", "0"], "--rounds 0: give 1 or more"),
                          (["--batch-size", "4", "--batch-prompts", "code:abc"], "Bad count in --batch-prompts item"),
                          (["--batch-prompts", "heldout:4"], "add --batch-size"),

@@ -64,6 +64,8 @@ class BenchSettings:
         tie_tolerance: top-2 logit margin under which an output divergence counts as a tie.
         competing_load: busy-loop processes run beside the measured systems (:mod:`xpuspec.bench.load`; 0: none).
         head: the EAGLE-3 head folder ``xpuspec-spec:eagle3`` drafts with (``None``: that system cannot run).
+        chat: each prompt is a user turn rendered with the target's chat template (as the server renders a chat),
+            instead of raw text.
     """
 
     model: str = DEFAULT_MODEL
@@ -85,6 +87,7 @@ class BenchSettings:
     tie_tolerance: float = 1e-3
     competing_load: int = 0
     head: Optional[str] = None
+    chat: bool = False
 
     def check(self) -> None:
         """Raises ValueError on a bad combination, naming the option."""
@@ -247,7 +250,8 @@ def run(settings: BenchSettings, progress: bool = True, log_dir: Optional[Path] 
     log_dir.mkdir(parents=True, exist_ok=True)
     chosen = prompts or prompt_sets.select(prompt_sets.parse_prompt_spec(settings.prompts))
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
-    items = [(name, i, tokenizer(text).input_ids) for name, texts in chosen.items() for i, text in enumerate(texts)]
+    items = [(name, i, prompt_sets.token_ids(tokenizer, text, settings.chat))
+             for name, texts in chosen.items() for i, text in enumerate(texts)]
     families = {SYSTEMS[n].family for n in settings.systems}
     total = len(items) * (len(families) + settings.repeats * len(settings.systems))
     bar = _Progress(total, progress)
@@ -413,6 +417,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all that can run)")
     p.add_argument("--baseline", default=None, help="system the ratios divide by (default genai, else the first)")
     p.add_argument("--prompts", default="4", help="sets code,prose,edit; set:N; or N per set (default 4)")
+    p.add_argument("--chat", action="store_true",
+                   help="each prompt as a user turn in the model's chat template, as the server renders a chat "
+                        "(default: raw text)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--interleave", default="prompt", choices=INTERLEAVE,
@@ -468,8 +475,8 @@ def _batched(args: argparse.Namespace) -> int:
     """``xpuspec bench --batch-size``: the batched bench (:mod:`xpuspec.bench.batch`) on the shared options."""
     from . import batch
 
-    if args.plot or args.competing_load:
-        raise ValueError("--plot and --competing-load do not apply with --batch-size; leave them out.")
+    if args.plot or args.competing_load or args.chat:
+        raise ValueError("--plot, --competing-load and --chat do not apply with --batch-size; leave them out.")
     json_path = check_output_file("--json", args.json)
     results = batch.sweep(args)  # checks the batch sizes, systems and rounds before it runs anything
     print(batch.table(results))
@@ -494,7 +501,7 @@ def main(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         model=args.model, draft=args.draft, low_bit=args.low_bit.lower(), draft_low_bit=args.draft_low_bit.lower(),
         systems=parse_systems(args.systems, args.draft is not None, args.head is not None), baseline=args.baseline,
-        prompts=args.prompts, head=args.head,
+        prompts=args.prompts, head=args.head, chat=args.chat,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, interleave=args.interleave,
         kv_cache_precision=None if args.kv_cache_precision == "default" else args.kv_cache_precision,
         num_assistant_tokens=args.num_assistant_tokens, cost_model=not args.no_cost_model,

@@ -124,6 +124,22 @@ def full_set(name: str) -> List[str]:
     raise ValueError(f"Unknown prompt set {name!r}; choose from {', '.join(SETS)}.")
 
 
+def token_ids(tokenizer, text: str, chat: bool = False) -> List[int]:
+    """``text``'s token ids as the bench gives them to every system: raw text, or with ``chat`` a user turn rendered
+    with the tokenizer's chat template and its generation prompt (what the server gives the model for a chat).
+
+    Raises:
+        ValueError: ``chat`` and a tokenizer without a chat template.
+    """
+    if not chat:
+        return tokenizer(text).input_ids
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("--chat: the model's tokenizer has no chat template; leave --chat out to give raw text.")
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    return tokenizer(rendered, add_special_tokens=False).input_ids
+
+
 def _spread(items: List[str], n: int) -> List[str]:
     """``n`` items evenly spread over ``items`` (all of them when ``n`` is larger)."""
     if n >= len(items):
