@@ -75,7 +75,8 @@ def main(argv=None):
             results[f"{name} {fmt}"] = measure(model, plain, tokenizer, prompts, args.max_new_tokens, args.chat)
             results[f"{name} {fmt}"]["wall_s"] = time.perf_counter() - began
     print(f"head {args.head}, target {args.model} {args.low_bit}, k={args.k} (constant), {args.max_new_tokens} new "
-          f"tokens{', chat template' if args.chat else ''}, torch threads {torch.get_num_threads()}, load average {start_load} -> {load_average()}\n")
+          f"tokens{', chat template' if args.chat else ''}, torch threads {torch.get_num_threads()}, "
+          f"load average {start_load} -> {load_average()}\n")
     print("| set, head format | prompts | identical | mean accepted length | acceptance per position | "
           "draft ms / round | verify ms / round |")
     print("|---|---:|---:|---:|---|---:|---:|")

@@ -632,7 +632,8 @@ def test_training_text_is_read_and_bad_text_refused(tmp_path):
     (tmp_path / "a.txt").write_text("hello there")
     (tmp_path / "b.jsonl").write_text('{"text": "one"}\n\n{"messages": [{"role": "user", "content": "hi"}, '
                                       '{"role": "assistant", "content": "yo"}]}\n'
-                                      '{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}\n')
+                                      '{"conversations": [{"from": "human", "value": "q"}, '
+                                      '{"from": "gpt", "value": "a"}]}\n')
     assert read_texts([tmp_path]) == [
         "hello there", "one",
         Chat(({"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"})),
