@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Dict, List, Sequence, Tuple
 
 from .. import corpus
+from ..chat import chat_token_ids
 
 SETS = ("code", "prose", "edit", "session", "heldout")
 #: The sets a bare count in ``--prompts`` (``"4"``) takes.
@@ -126,7 +127,8 @@ def full_set(name: str) -> List[str]:
 
 def token_ids(tokenizer, text: str, chat: bool = False) -> List[int]:
     """``text``'s token ids as the bench gives them to every system: raw text, or with ``chat`` a user turn rendered
-    with the tokenizer's chat template and its generation prompt (what the server gives the model for a chat).
+    with the tokenizer's chat template and its generation prompt (:func:`xpuspec.chat.chat_token_ids`, what the
+    server gives the model for a chat).
 
     Raises:
         ValueError: ``chat`` and a tokenizer without a chat template.
@@ -135,9 +137,7 @@ def token_ids(tokenizer, text: str, chat: bool = False) -> List[int]:
         return tokenizer(text).input_ids
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("--chat: the model's tokenizer has no chat template; leave --chat out to give raw text.")
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
-    return tokenizer(rendered, add_special_tokens=False).input_ids
+    return chat_token_ids(tokenizer, [{"role": "user", "content": text}])
 
 
 def _spread(items: List[str], n: int) -> List[str]:

@@ -32,6 +32,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..chat import chat_token_ids
 from ..errors import XpuspecError
 from .admission import DEFAULT_MAX_BODY_MIB, DEFAULT_MAX_QUEUE, Admission, QueueFull
 from .drain import Drain, shutting_down
@@ -238,10 +239,9 @@ def prompt_ids(s: ServerState, prompt: Union[str, List[int]]) -> List[int]:
 def chat_ids(s: ServerState, messages: List[dict]) -> List[int]:
     """Token ids of the chat template applied to ``messages`` (runs on the tokenizing threads)."""
     try:
-        text = s.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return chat_token_ids(s.tokenizer, messages)
     except Exception as exc:  # noqa: BLE001 - jinja's TemplateError, a template that refuses the roles
         raise APIError(400, f"The model's chat template refused these messages: {exc}", param="messages")
-    return s.tokenizer(text, add_special_tokens=False).input_ids
 
 
 def resolve_max_tokens(context: Optional[int], prompt_len: int, max_tokens: Optional[int], default: Optional[int],

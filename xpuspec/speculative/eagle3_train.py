@@ -41,6 +41,7 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 import torch
 
+from ..chat import chat_token_ids
 from ..errors import ModelSourceError
 from .eagle3 import Eagle3Head, check_head, default_layer_ids, new_head, read_head
 
@@ -141,7 +142,8 @@ def read_texts(paths: Sequence) -> List[Union[str, Chat]]:
 
 def _prompts(tokenizer, texts: Sequence[Union[str, Chat]], length: int, regenerate: bool) -> List[List[int]]:
     """The token sequences a run trains on or continues: each text cut into pieces of ``length`` tokens
-    (:func:`_chunks`); each :class:`Chat` rendered with the tokenizer's chat template. ``regenerate``: the chat's
+    (:func:`_chunks`); each :class:`Chat` rendered with the tokenizer's chat template
+    (:func:`xpuspec.chat.chat_token_ids`, as the server renders a chat). ``regenerate``: the chat's
     last assistant turns are dropped and the generation prompt added, so that the target answers itself
     (self-distillation, as the speculators package regenerates a dataset's responses with the verifier), kept to
     its last ``length`` tokens; else the whole chat is cut into pieces as a text.
@@ -163,21 +165,25 @@ def _prompts(tokenizer, texts: Sequence[Union[str, Chat]], length: int, regenera
             turns.pop()
         if regenerate and not turns:
             continue
-        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=regenerate, tokenize=False)
+        ids = chat_token_ids(tokenizer, turns, add_generation_prompt=regenerate)
         if regenerate:
-            out.append(tokenizer(rendered, add_special_tokens=False)["input_ids"][-length:])
+            out.append(ids[-length:])
         else:
-            out += _chunks(tokenizer, [rendered], length)
+            out += _pieces(ids, length)
     return out
 
 
 def _chunks(tokenizer, texts: Iterable[str], length: int) -> List[List[int]]:
-    """The texts' tokens cut into sequences of ``length`` tokens (the last piece of each text kept if >= 8)."""
+    """The texts' tokens cut into sequences of ``length`` tokens (:func:`_pieces`)."""
     out = []
     for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        out += [ids[i:i + length] for i in range(0, len(ids), length) if len(ids[i:i + length]) >= 8]
+        out += _pieces(tokenizer(text, add_special_tokens=False)["input_ids"], length)
     return out
+
+
+def _pieces(ids: List[int], length: int) -> List[List[int]]:
+    """``ids`` cut into pieces of ``length`` tokens, the last kept if it has at least 8."""
+    return [ids[i:i + length] for i in range(0, len(ids), length) if len(ids[i:i + length]) >= 8]
 
 
 def _ttt_mask(n: int, step: int) -> torch.Tensor:
