@@ -46,9 +46,11 @@ def test_paged_logits_match_the_stateful_model(smollm2_path, tokenizer, exact_pa
 def test_single_steps_compute_as_a_wide_pass_does(paged, tokenizer):
     """16 one-token passes give the logits of one 16-token pass over the same tokens: on CPUs where the
     plugin's 1-token kernel differs (dynamic quantization on AVX512-VNNI/AMX: up to 1.03 apart) the runner
-    pads them to 2 tokens, and openvino_genai's one-token engine is then not used."""
-    ids = tokenizer(" ".join(PROMPTS)).input_ids
-    assert len(ids) > 16
+    pads them to 2 tokens, and openvino_genai's one-token engine is then not used. With split steps, 16 steps
+    (``forward_steps``, each padded to the runner's threads) give one 16-token split pass's logits bit for bit,
+    more than 32 tokens (one KV block) into the context."""
+    ids = tokenizer(" ".join(PROMPTS * 2)).input_ids
+    assert len(ids) > 16 + 32
     paged.reset()
     paged.forward(ids[:-16])
     wide = paged.forward(ids[-16:])
@@ -56,7 +58,13 @@ def test_single_steps_compute_as_a_wide_pass_does(paged, tokenizer):
     steps = torch.cat([paged.forward([t]) for t in ids[-16:]])
     assert paged.length == len(ids)
     assert float((wide - steps).abs().max()) < 1e-3
-    assert (paged.native_greedy(ids, 2, 0, [], lambda t: None) is None) == (paged.traits.single_step_width == 2)
+    if paged.traits.split_steps:
+        paged.rollback(16)
+        wide = paged.forward_steps(ids[-16:])
+        paged.rollback(16)
+        assert torch.equal(torch.cat([paged.forward_steps([t]) for t in ids[-16:]]), wide)
+    native_off = paged.traits.single_step_width == 2 or paged.traits.split_steps
+    assert (paged.native_greedy(ids, 2, 0, [], lambda t: None) is None) == native_off
     paged.reset()
 
 

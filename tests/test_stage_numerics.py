@@ -39,11 +39,12 @@ def test_stages_compute_the_whole_models_function(smollm2_path, tokenizer, cpu_a
     splits = [AutoModelForCausalLM.from_pretrained(MODEL, device=devices, load_in_low_bit=fmt)
               for devices in ("cpu,cpux", "cpu,cpux,cpuy")]
     assert [len(s.device_map) for s in splits] == [2, 3]
-    for split in splits:  # the same compile properties, so the same 1-token kernel and the same padding
+    for split in splits:  # the same compile properties, so the same 1-token kernel and the same way of stepping
         assert split.runner.configs == [whole.runner.configs[0]] * len(split.device_map)
         assert split.runner.traits.single_step_width == whole.runner.traits.single_step_width
-    if dynamic_quantization:  # the 1-token kernel differs from the wider one: both pad
-        assert whole.runner.traits.single_step_width == 2
+        assert split.runner.traits.split_steps == whole.runner.traits.split_steps
+    if dynamic_quantization:  # the 1-token kernel differs from the wider one: both pad, or both split their steps
+        assert whole.runner.traits.single_step_width == 2 or whole.runner.traits.split_steps
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         logits = whole(ids).logits

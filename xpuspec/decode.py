@@ -198,7 +198,7 @@ def forced_draft(req: Request, widths: Widths, traits, room: int, draft: Draft, 
     ``(draft, guessed)`` unchanged without a grammar or forced tokens."""
     if req.grammar is None or req.config.do_sample:
         return draft, guessed
-    cap = traits.single_step_width - 1 if req.guesser is not None else 0
+    cap = traits.guess_width - 1 if req.guesser is not None else 0
     if req.drafter is not None and req.policy is not None and not traits.fixed_verify_width:  # a guess is not padded
         cap = max(cap, widths.free, widths.model, req.policy.widest_needed() - 1)
     forced = req.grammar.forced(min(cap, room))

@@ -43,13 +43,22 @@ from .decode import (NO_DRAFT, Decision, Request, after_round, begin_drafting, c
 from .errors import KVBudgetError
 from .runner import Runner, torch_on_one_thread
 from .speculative.batch import BATCH_SWEEP_WIDTHS, RowChoice, batch_draft_lengths
-from .speculative.drafters import Draft, Drafter
+from .speculative.drafters import Draft, DraftCounters, Drafter
 from .speculative.policy import Widths
 from .speculative.profile import SWEEP_WIDTHS, TargetCosts, measure_profile
 
 from .batching import DEFAULT_MAX_BATCH, MIN_PREFILL_CHUNK, PREFILL_BUDGET_S, PREFILL_CHUNK  # noqa: F401 - light for the CLI
 
 log = logging.getLogger("xpuspec")
+
+#: With split steps, a plain step carries a guess only where it pays (:meth:`Engine._guesses_pay`): the tokens the
+#: guesses added per row of a guessing step, as pseudo-counts ``(tokens, rows)`` before any guess was verified
+#: (0.2: SmolLM2's batch bench gained 0.16-0.21 in 2-wide steps).
+GUESS_PRIOR = (2, 10)
+#: Steps for which a decision on guessing holds for the same pass widths, so that the width does not change from
+#: step to step; and steps that try a width not timed yet.
+GUESS_DECISION_STEPS = 32
+GUESS_TRIAL_STEPS = 3
 
 
 def batches(runner: Runner) -> bool:
@@ -105,10 +114,13 @@ class OneSequence(Runner):
     def forward_batch(self, parts):
         if len(parts) != 1:
             raise ValueError(f"a runner of one sequence verifies one part per pass, got {len(parts)}.")
-        return [self.runner.forward(parts[0][1])]
+        return [self.runner.forward_steps(parts[0][1])]
 
     def forward(self, tokens, logits_to_keep=None, exact=True):
         return self.runner.forward(tokens, logits_to_keep, exact)
+
+    def forward_steps(self, tokens):
+        return self.runner.forward_steps(tokens)
 
     def native_greedy(self, *args, **kwargs):
         return self.runner.native_greedy(*args, **kwargs)
@@ -199,6 +211,12 @@ class Engine:
         self.live: List[Job] = []
         self.steps = 0
         self.widest = 0  # the most rows a step has verified
+        self.guess_counts = DraftCounters()  # every row's guesses so far (split steps weigh them)
+        self.guessing_rows = 0  # rows of steps that ran 2 wide for a guess (split steps)
+        self._guess_decisions: dict = {}  # (plain width, guessing rows) -> (guess?, the step it holds until)
+        self._pass_s: dict = {}  # verify pass width -> running mean of its seconds (_time_pass)
+        self._last_width = 0
+        self.step_width = target.traits.single_step_width  # this step's width of a row without drafts
         self.interrupt: Callable[[], bool] = lambda: False  # whether jobs wait to join (ends the native phase)
         self.lock_of: Callable[[object], object] = lambda model: None  # an xpuspec model's lock (the loop sets it)
 
@@ -206,7 +224,7 @@ class Engine:
     def tokens_needed(self, req: Request) -> int:
         """KV tokens a request holds at most: prompt, new tokens and the widest verify pass past them."""
         widest = req.policy.widest_needed() + 1 if req.policy is not None else 1
-        return len(req.context) + req.limit + max(widest, self.target.traits.single_step_width) + 1
+        return len(req.context) + req.limit + max(widest, self.target.traits.guess_width) + 1
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; it joins between steps once its blocks fit.
@@ -302,7 +320,7 @@ class Engine:
         if self.batched:
             req.drafter = None if req.drafter is None else req.drafter.on_rows(lambda r: self._open(job, r))
         job.first_drafter = req.drafter
-        begin_drafting(req, self.target.traits.single_step_width)
+        begin_drafting(req, self.target.traits.guess_width)
         if self._native_applies(req):
             self._native(job, "native")
 
@@ -388,6 +406,7 @@ class Engine:
                                                 self.batched)
             policy.profile = self.costs.profile
 
+
     # -- one step -----------------------------------------------------------------------------------------------
     def step(self) -> None:
         """Run every phase once (see the module docstring)."""
@@ -410,13 +429,16 @@ class Engine:
         except Exception as exc:  # every row of the pass fails
             return self._fail_all(jobs, exc)
         verify_s = time.perf_counter() - t1
+        self._time_pass(sum(len(p[1]) for p in parts), verify_s)
         self._accept(jobs, drafts, guessed, draft_s, parts, rows, verify_s)
         self.live = [j for j in self.live if not j.finished]
 
     # -- phase 2: propose -----------------------------------------------------------------------------------------
     def _propose(self, jobs: Sequence[Job]):
-        """Every row's draft: free ones first, then lengths by goodput, then the draft model's; else a free guess."""
-        width = self.target.traits.single_step_width
+        """Every row's draft: free ones first, then lengths by goodput, then the draft model's; else a guess (free
+        where 1-token passes are padded; with split steps, where :meth:`_guesses_pay` says it pays, and then the
+        rows without a draft run as wide: :attr:`step_width`)."""
+        width = self.target.traits.guess_width
         uppers, drafts, draft_s = [], [], []
         for job in jobs:
             req = job.req
@@ -429,7 +451,7 @@ class Engine:
             drafts.append(free)
             draft_s.append(time.perf_counter() - t0)
         lengths = self._lengths(jobs, uppers, drafts)
-        out, guessed = [], []
+        out, guessed, looked_up = [], [], []
         for i, job in enumerate(jobs):
             req, k, draft = job.req, lengths[i], drafts[i]
             t0 = time.perf_counter()
@@ -441,6 +463,7 @@ class Engine:
             guess = not draft.tokens and req.guesser is not None and room > 0
             if guess:
                 draft = cut_draft(req, req.guesser.propose(Widths(0, width - 1)))
+                looked_up.append(i) if draft.tokens else None
             if not draft.tokens and room > 0:
                 draft, guess = forced_draft(req, Widths(k, 0) if k else uppers[i], self.target.traits, room, draft,
                                             guess)
@@ -448,7 +471,49 @@ class Engine:
             req.stats.draft_s += draft_s[i]
             out.append(draft)
             guessed.append(guess)
+        self.step_width = self.target.traits.single_step_width
+        if self.target.traits.split_steps and looked_up:
+            if self._guesses_pay(out, looked_up):
+                self.step_width = width
+                self.guessing_rows += sum(1 for i, d in enumerate(out) if i in looked_up or not d.tokens)
+            else:
+                for i in looked_up:
+                    out[i], guessed[i] = NO_DRAFT, False
         return out, guessed, draft_s
+
+    def _guesses_pay(self, drafts, looked_up) -> bool:
+        """Whether the rows without a draft of their own run 2 wide, carrying their guesses (``looked_up``: the rows
+        whose guesser found one; the others padded), where a guess costs its token (split steps). All such rows or
+        none, so that the pass keeps one of two widths (a new width costs the plugin a re-preparation), and the
+        answer holds for :data:`GUESS_DECISION_STEPS` steps of the same widths. It compares the guessing pass's
+        expected tokens per second with the plain pass's, by this engine's own passes of each width (timed when
+        the width before was the same; a width not timed yet is tried for :data:`GUESS_TRIAL_STEPS` steps) and
+        the tokens the guesses added per guessing row so far (:data:`GUESS_PRIOR` before). Yes where the pass is
+        padded to the runner's ``split_width`` anyway."""
+        plain = sum(1 + len(d.tokens) for i, d in enumerate(drafts) if i not in looked_up) + len(looked_up)
+        rows = sum(1 for i, d in enumerate(drafts) if i in looked_up or not d.tokens)
+        if plain < getattr(self.rows, "split_width", 1):
+            return True
+        key = (plain, rows)
+        known = self._guess_decisions.get(key)
+        if known is not None and self.steps < known[1]:
+            return known[0]
+        narrow, wide = self._pass_s.get(plain), self._pass_s.get(plain + rows)
+        if narrow is None or wide is None:
+            pays, steps = wide is None, GUESS_TRIAL_STEPS
+        else:
+            gain = (self.guess_counts.accepted_tokens + GUESS_PRIOR[0]) / (self.guessing_rows + GUESS_PRIOR[1])
+            pays, steps = (len(drafts) + gain * rows) * narrow > len(drafts) * wide, GUESS_DECISION_STEPS
+        self._guess_decisions[key] = (pays, self.steps + steps)
+        return pays
+
+    def _time_pass(self, width: int, seconds: float) -> None:
+        """Fold a verify pass of ``width`` tokens into the running mean of its width (split steps weigh guesses by
+        it), where the pass before had the same width (no re-preparation in the time)."""
+        if width == self._last_width:
+            known = self._pass_s.get(width)
+            self._pass_s[width] = seconds if known is None else 0.7 * known + 0.3 * seconds
+        self._last_width = width
 
     def _lengths(self, jobs, uppers, frees) -> List[int]:
         """Draft lengths per row: by the batch's goodput where every row's policy has a profile, else each row's
@@ -480,13 +545,14 @@ class Engine:
 
     # -- phase 3: verify --------------------------------------------------------------------------------------------
     def _parts(self, jobs, drafts, guessed):
-        """Every row's ``(sequence, [last token] + drafts + padding)``: padded to the target's 1-token width, and a
-        lone row with drafts to the widest so far where the target keeps one verify width."""
+        """Every row's ``(sequence, [last token] + drafts + padding)``: padded to the step's width (the target's
+        1-token width, or the guessing width of split steps: :attr:`step_width`), and a lone row with drafts to the
+        widest so far where the target keeps one verify width."""
         traits = self.target.traits
         parts = []
         for job, draft, guess in zip(jobs, drafts, guessed):
             verify = [job.req.context[-1]] + draft.tokens
-            width = traits.single_step_width
+            width = self.step_width
             if traits.fixed_verify_width and draft.tokens and not guess and len(jobs) == 1:
                 job.req.pad_to = width = max(job.req.pad_to, len(verify), width)
             parts.append((job.seq, verify + [verify[-1]] * max(0, width - len(verify))))
@@ -497,7 +563,7 @@ class Engine:
         picks the compiled copy of its width); per row ``[len(part), vocab]`` float32. A row's sequence keeps the
         outputs its drafter ``needs`` besides logits (``last_taps``), which ``verify_and_emit`` hands over."""
         if len(parts) == 1:
-            return [parts[0][0].forward(parts[0][1])]
+            return [parts[0][0].forward_steps(parts[0][1])]
         return self.rows.forward_batch(parts)
 
     # -- phases 4-6: accept and roll back, emit, report ---------------------------------------------------------------
@@ -512,6 +578,8 @@ class Engine:
                 req.stats.target_forwards += 1
                 req.stats.verify_s += verify_s
                 accepted = verify_and_emit(job.seq, req, draft, row[:n], was_guess)
+                if was_guess:
+                    self.guess_counts.add_round(len(draft.tokens), accepted)
                 own_s = verify_s * profile.pass_s(len(fed)) / profile.pass_s(total) if profile else verify_s
                 if after_round(req, draft, accepted, was_guess, d_s, own_s, len(fed)) is Decision.DROP_MODEL:
                     drop_model(req)

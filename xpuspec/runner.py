@@ -26,6 +26,10 @@ class RunnerTraits:
         uses_torch_threads: the passes compute with torch's intra-op threads (the torch backends).
         batches: the runner verifies several sequences in one pass (``open_sequence`` and ``forward_batch``, the
             batched engine's contract: :mod:`xpuspec.engine`).
+        split_steps: :meth:`Runner.forward_steps` and ``forward_batch`` compute each token as a 1-token step would,
+            whatever the pass's width, where a 1-token pass computes otherwise than wider ones (the OpenVINO paged
+            runner feeds each token as a subsequence of its own): plain steps need no padding
+            (``single_step_width`` is 1), and a free guess beside a plain step costs what one more token costs.
     """
 
     single_step_width: int = 1
@@ -33,6 +37,13 @@ class RunnerTraits:
     lockstep: bool = False
     uses_torch_threads: bool = False
     batches: bool = False
+    split_steps: bool = False
+
+    @property
+    def guess_width(self) -> int:
+        """The width of a plain step that carries a guess: the padded width where 1-token passes are padded, else 2
+        where :attr:`split_steps` makes the second token cost only itself; 1: no guess."""
+        return 2 if self.split_steps else self.single_step_width
 
 
 class Runner(ABC):
@@ -86,6 +97,11 @@ class Runner(ABC):
             float32 tensor ``[k, vocab_size]`` (``[logits_to_keep, vocab_size]``) on the CPU: row i
             scores the token after ``tokens[i]``.
         """
+
+    def forward_steps(self, tokens: Sequence[int]) -> torch.Tensor:
+        """:meth:`forward` for a plain step or a verify pass (all logits kept): where the runner's
+        :attr:`RunnerTraits.split_steps`, each token computes as a 1-token step would. Default: :meth:`forward`."""
+        return self.forward(tokens)
 
     def native_greedy(self, prompt: List[int], max_new_tokens: int, min_new_tokens: int, eos: Sequence[int],
                       on_token: Callable[[int], None]) -> Optional[List[int]]:

@@ -8,16 +8,28 @@ the two differ only in accumulation order (about 1e-4). Passes of 2 or more toke
 
 So this module decides by measurement, at tolerance 0: it feeds real text (the calibration text, tokenized with
 the IR folder's own tokenizer) and compares two 1-token passes with one 2-token pass at several positions. Where
-any logit differs, the runner runs its 1-token passes as 2-token ones (:attr:`xpuspec.runner.Runner` traits), so
-every pass a greedy request makes, plain or speculative, computes alike. The verdict is cached per IR, device,
-OpenVINO version and compile properties: it is a property of the compiled model on this CPU.
+any logit differs, the runner must make every pass a greedy request makes, plain or speculative, compute alike
+(:attr:`xpuspec.runner.RunnerTraits`), in one of two ways:
+
+* **split steps** (:attr:`StepNumerics.split_exact`): the difference lies in paged attention, whose CPU kernel
+  treats a subsequence of 1 query token otherwise than a longer one. A pass that feeds each of its k tokens as a
+  subsequence of its own (1 query token, the sequence's block table, past lengths p, p+1, ... p+k-1) computes
+  each token as a 1-token step: the kernel writes every new key and value into the cache before it attends
+  (OpenVINO's ``executor_pa.cpp``: ``concat_pastkv``, then the kernel). A lone 1-token pass is not one of them: with
+  fewer subsequences than threads the kernel takes another loop, whose sums run in another order (measured here
+  past one 32-token block of context), so the runner pads split passes (:mod:`.paged`). The probe checks that
+  split passes of 1, 2 and 3 tokens give the first rows of one of :data:`WIDEST_COMPARED` tokens, bit for bit;
+* else **2-wide steps**: 1-token passes run as 2-token ones, the second token rolled back.
+
+The verdict is cached per IR, device, OpenVINO version and compile properties: it is a property of the compiled
+model on this CPU.
 """
 
 import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -31,7 +43,7 @@ PROBE_POSITIONS = (6, 23, 47)
 #: The widest pass compared with the 2-token pass, to report whether wide passes agree among themselves.
 WIDEST_COMPARED = 8
 #: Bumped when the probe changes, so that cached verdicts of an older probe are not reused.
-PROBE_VERSION = 2
+PROBE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -43,29 +55,45 @@ class StepNumerics:
         one_vs_two: largest absolute logit difference between 1-token and 2-token passes.
         two_vs_wide: largest absolute logit difference between a 2-token pass and the first two rows of a
             :data:`WIDEST_COMPARED`-token pass over the same tokens (0 where wide passes agree bit for bit).
+        split_exact: split passes (each token a 1-token subsequence) of 1, 2, 3 and :data:`WIDEST_COMPARED` tokens
+            agree bit for bit where they overlap, and 1-token passes differ from wider ones (``False`` where not
+            measured).
     """
 
     single_step_width: int
     one_vs_two: float
     two_vs_wide: float
+    split_exact: bool = False
 
 
 Pass = Callable[[Sequence[int]], torch.Tensor]
 
 
-def probe(run: Pass, rollback: Callable[[int], None], reset: Callable[[], None], tokens: List[int]) -> StepNumerics:
+def probe(run: Pass, rollback: Callable[[int], None], reset: Callable[[], None], tokens: List[int],
+          run_split: Optional[Pass] = None) -> StepNumerics:
     """Compare pass widths on ``tokens`` (at least ``max(PROBE_POSITIONS) + WIDEST_COMPARED`` of real text).
 
     Args:
         run: one inference over the given tokens, appended to the KV cache; returns ``[n, vocab]`` logits.
         rollback, reset: drop the last n tokens, empty the cache.
         tokens: token ids of real text.
+        run_split: as ``run``, feeding each token as a 1-token subsequence (module docstring); ``None``: a runner
+            that cannot.
 
     Returns:
         the :class:`StepNumerics`; the cache is left empty.
     """
     one_vs_two = two_vs_wide = 0.0
+    split_exact = run_split is not None
     for at in PROBE_POSITIONS:
+        if split_exact:
+            reset()
+            run(tokens[:at])
+            widest = run_split(tokens[at:at + WIDEST_COMPARED])
+            rollback(WIDEST_COMPARED)
+            for k in (1, 2, 3):
+                split_exact = split_exact and _largest_difference(run_split(tokens[at:at + k]), widest[:k]) == 0
+                rollback(k)
         reset()
         run(tokens[:at])
         two = run(tokens[at:at + 2])
@@ -77,7 +105,7 @@ def probe(run: Pass, rollback: Callable[[int], None], reset: Callable[[], None],
         one_vs_two = max(one_vs_two, _largest_difference(two, ones))
         two_vs_wide = max(two_vs_wide, _largest_difference(two, wide))
     reset()
-    return StepNumerics(2 if one_vs_two > 0 else 1, one_vs_two, two_vs_wide)
+    return StepNumerics(2 if one_vs_two > 0 else 1, one_vs_two, two_vs_wide, split_exact and one_vs_two > 0)
 
 
 def _largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -150,8 +178,9 @@ def cached_probe(folder: Path, device_identity: dict, config: dict, measure: Cal
     write_text_atomic(path, json.dumps(asdict(found)), "recording this device's numerics probe of the model")
     if found.single_step_width > 1:
         log.info("%s: a 1-token pass computes differently from wider ones on this device (logits differ by up to "
-                 "%.2g); 1-token passes run 2 wide so that speculative and plain output are the same",
-                 ir_label(folder), found.one_vs_two)
+                 "%.2g); %s so that speculative and plain output are the same", ir_label(folder), found.one_vs_two,
+                 "every step and verify pass feeds its tokens as 1-token subsequences" if found.split_exact
+                 else "1-token passes run 2 wide")
     if found.two_vs_wide > 0:
         log.warning("%s: passes of 2 and %d tokens differ by up to %.2g on this device; greedy speculative output "
                     "may part from plain output at near-ties", ir_label(folder), WIDEST_COMPARED, found.two_vs_wide)

@@ -20,10 +20,21 @@ Owning the cache buys two things a stateful model cannot give a speculative loop
   padded width keep one copy.
 
 **1-token passes that compute differently.** Where the plugin's 1-token pass computes otherwise than its wider
-passes (:mod:`.numerics` measures it, at tolerance 0), the runner runs every 1-token pass as a 2-token one
-(``traits.single_step_width == 2``, the second token rolled back), so that plain steps and verify passes compute
-alike and speculative output is the plain output. openvino_genai's engine steps one token at a time, so it does
-not decode for such a runner.
+passes (:mod:`.numerics` measures it, at tolerance 0), plain steps and verify passes must still compute alike, so
+that speculative output is the plain output:
+
+* where the probe finds **split steps** exact (``traits.split_steps``), every step and verify pass
+  (:meth:`PagedRunner.forward_batch`, :meth:`PagedSequence.forward_steps`) feeds each token as a subsequence of
+  its own, so each computes alike whatever the pass's width and rows; plain steps of a batch run 1 token per row.
+  The CPU kernel attends a pass of fewer subsequences than its threads in another loop (another order of sums), so
+  a split pass is padded to :attr:`PagedRunner.split_width` subsequences (the padding rolled back): a request
+  alone still pays 2 tokens a step on 2 threads, and split steps are used only up to :data:`SPLIT_MAX_THREADS`.
+  Prompt passes (``forward``) keep the wide kernel, their 1-token passes padded to 2; a sequence offers the prefix
+  cache only the blocks its prompt passes wrote (a block a step wrote would differ from the same tokens prefilled);
+* else every 1-token pass runs as a 2-token one (``traits.single_step_width == 2``, the second token rolled back).
+
+openvino_genai's engine steps one token at a time from a prefill whose steps the runner's would not match, so it
+does not decode for such a runner.
 """
 
 import logging
@@ -52,6 +63,9 @@ INITIAL_CAPACITY = 1024
 #: Passes a second compiled copy runs when it is made: its first inferences finish work the compile left, and
 #: should not be timed as steps.
 WARM_UP_PASSES = 4
+#: Split steps only where the plugin runs this many threads or fewer: a split pass is padded to as many
+#: subsequences as threads (module docstring), which a request alone pays for in every step.
+SPLIT_MAX_THREADS = 2
 _DESCRIPTORS = ("input_ids", "position_ids", "past_lens", "subsequence_begins", "block_indices",
                 "block_indices_begins", "max_context_len", LOGITS_TO_KEEP)
 
@@ -161,18 +175,25 @@ class PagedRunner(Runner):
         self._own = PagedSequence(self)  # the sequence the batch-1 Runner methods run on
         self._genai = GenAIGreedy(self.folder, device.upper(), config, attention_backend="PA")
         self._taps: List[str] = []  # outputs of the tapped layers' hidden states (set_taps)
+        #: the fewest subsequences of a split pass: the plugin's threads (module docstring)
+        self.split_width = max(1, int(compiled.get_property("INFERENCE_NUM_THREADS")) or 1)
+        found = self._probe_numerics(is_cpu)
+        #: the width of a 1-token prompt pass (2 where a 1-token pass computes otherwise than wider ones)
+        self.prompt_width = found.single_step_width
+        split = found.split_exact and self.split_width <= SPLIT_MAX_THREADS
         # rollback of the padding is free, and the wide copy keeps one width
-        self.traits = RunnerTraits(single_step_width=self._probe_single_step(is_cpu), fixed_verify_width=True,
-                                   batches=True)
+        self.traits = RunnerTraits(single_step_width=1 if split else found.single_step_width,
+                                   fixed_verify_width=True, batches=True, split_steps=split)
 
-    def _probe_single_step(self, is_cpu: bool) -> int:
-        """The width a 1-token pass runs at: 2 where it computes otherwise than wider passes (:mod:`.numerics`)."""
+    def _probe_numerics(self, is_cpu: bool) -> numerics.StepNumerics:
+        """How 1-token passes compute against wider ones, and whether split steps match them (:mod:`.numerics`)."""
         def measure():
             return numerics.probe(lambda tokens: self._pass(tokens, len(tokens)), self.rollback, self.reset,
-                                  numerics.probe_tokens(self.folder, self.vocab_size))
+                                  numerics.probe_tokens(self.folder, self.vocab_size),
+                                  lambda tokens: self._infer([(self._own, tokens)], len(tokens), False, split=True))
 
         identity = numerics.device_identity(self._core, self.device.upper(), is_cpu)
-        return numerics.cached_probe(self.folder, identity, self.configs[0], measure).single_step_width
+        return numerics.cached_probe(self.folder, identity, self.configs[0], measure)
 
     @property
     def length(self) -> int:
@@ -215,7 +236,7 @@ class PagedRunner(Runner):
             self._step.set_tensor(port.any_name, self._wide.get_tensor(port.any_name))
         width = self.traits.single_step_width
         for _ in range(WARM_UP_PASSES):  # past the cache's contents, which stay as they are
-            self._pass([0] * width, 1, step=True)
+            self._infer([(self._own, [0] * width)], 1, step=True, split=self.traits.split_steps)
             self._own.rollback(width)
         return time.perf_counter() - start
 
@@ -333,8 +354,9 @@ class PagedRunner(Runner):
         sequence at most once, tokens non-empty), each appended to its own sequence's cache.
 
         Returns:
-            per part, float32 ``[len(tokens), vocab_size]``: row i scores the token after ``tokens[i]``. Each part's
-            tokens run as given (a caller that wants a 1-token part to compute as a wider one pads it).
+            per part, float32 ``[len(tokens), vocab_size]``: row i scores the token after ``tokens[i]``. With
+            ``traits.split_steps`` each token computes as a 1-token step of its sequence; else each part's tokens
+            run as given (a caller that wants a 1-token part to compute as a wider one pads it).
 
         Raises:
             KVBudgetError: the parts' new blocks do not fit the budget (no sequence changes).
@@ -346,22 +368,25 @@ class PagedRunner(Runner):
         if not parts or any(len(tokens) == 0 for _, tokens in parts):
             raise ValueError("forward_batch: give at least one part, each with at least one token.")
         total = sum(len(t) for _, t in parts)
-        rows = self._infer(parts, total, step=False)
+        rows = self._infer(parts, total, step=False, split=self.traits.split_steps)
         out, at = [], 0
         for _, tokens in parts:
             out.append(rows[at:at + len(tokens)])
             at += len(tokens)
         return out
 
-    def _infer(self, parts, keep: int, step: bool) -> torch.Tensor:
-        """One inference over ``parts`` (``[(sequence, tokens)]``); the logits of the last ``keep`` tokens of all."""
+    def _infer(self, parts, keep: int, step: bool, split: bool = False) -> torch.Tensor:
+        """One inference over ``parts`` (``[(sequence, tokens)]``); the logits of the last ``keep`` tokens of all.
+        ``step``: on the steps' compiled copy. ``split``: each token a 1-token subsequence (module docstring)."""
         with self._guard:
-            return self._infer_held(parts, keep, step)
+            return self._infer_held(parts, keep, step, split)
 
-    def _infer_held(self, parts, keep: int, step: bool) -> torch.Tensor:
+    def _infer_held(self, parts, keep: int, step: bool, split: bool) -> torch.Tensor:
+        pad = max(0, self.split_width - sum(len(t) for _, t in parts)) if split else 0
+        fed = parts if not pad else [*parts[:-1], (parts[-1][0], [*parts[-1][1]] + [parts[-1][1][-1]] * pad)]
         taken = []
         try:
-            for seq, tokens in parts:
+            for seq, tokens in fed:
                 taken.append((seq, seq.reserve(seq.length + len(tokens))))
                 seq.own_from(seq.length, seq.length + len(tokens))
         except KVBudgetError:
@@ -370,14 +395,17 @@ class PagedRunner(Runner):
             raise
         ids, positions, past_lens, begins, table, table_begins = [], [], [], [0], [], [0]
         longest = 0
-        for seq, tokens in parts:
+        for seq, tokens in fed:
             past, end = seq.length, seq.length + len(tokens)
             ids.extend(tokens)
             positions.extend(range(past, end))
-            past_lens.append(past)
-            begins.append(begins[-1] + len(tokens))
-            table.extend(seq.blocks[:self.blocks_for(end)])
-            table_begins.append(len(table))
+            for first, last in ([(p, p + 1) for p in range(past, end)] if split else [(past, end)]):
+                past_lens.append(first)
+                begins.append(begins[-1] + last - first)
+                table.extend(seq.blocks[:self.blocks_for(last)])
+                table_begins.append(len(table))
+            if split:
+                seq.stepped_from = min(past, seq.stepped_from)
             longest = max(longest, end)
         feed: Dict[str, np.ndarray] = {
             "input_ids": np.asarray(ids, dtype=np.int64),
@@ -387,7 +415,7 @@ class PagedRunner(Runner):
             "block_indices": np.asarray(table, dtype=np.int32),
             "block_indices_begins": np.asarray(table_begins, dtype=np.int32),
             "max_context_len": np.array(longest, dtype=np.int32),
-            LOGITS_TO_KEEP: np.array([keep], dtype=np.int64),
+            LOGITS_TO_KEEP: np.array([keep + pad], dtype=np.int64),
         }
         request = self._step if step else self._wide
         request.infer(feed, share_inputs=True)
@@ -400,12 +428,16 @@ class PagedRunner(Runner):
             at += len(tokens)
             seq.tokens[seq._length:] = tokens
             seq._length += len(tokens)
-        rows = torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep, -1))
+        rows = torch.from_numpy(np.array(request.get_output_tensor(0).data, dtype=np.float32).reshape(keep + pad, -1))
+        rows = rows[:keep]  # the padding's rows last
         return on_whole_vocabulary(rows, self.head_tokens, self.vocab_size)
 
     # -- the runner's own sequence (batch 1) ------------------------------------------------------------------
     def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         return self._own.forward(tokens, logits_to_keep, exact)
+
+    def forward_steps(self, tokens: Sequence[int]) -> torch.Tensor:
+        return self._own.forward_steps(tokens)
 
     def _pass(self, tokens: Sequence[int], keep: int, step: bool = False) -> torch.Tensor:
         """One inference over ``tokens``, appended to the runner's own sequence; the logits of the last ``keep``.
@@ -414,9 +446,9 @@ class PagedRunner(Runner):
 
     def native_greedy(self, prompt, max_new_tokens, min_new_tokens, eos, on_token):
         """openvino_genai's C++ loop with its paged-attention backend on the same IR and device; ``None``
-        where this runner pads its 1-token passes (the engine's would compute otherwise) or scores only some
-        tokens (the engine scores all)."""
-        if self.traits.single_step_width > 1 or self.head_tokens is not None:
+        where this runner pads its 1-token passes or splits its steps (the engine's lone 1-token steps would
+        compute otherwise) or scores only some tokens (the engine scores all)."""
+        if self.traits.single_step_width > 1 or self.traits.split_steps or self.head_tokens is not None:
             return None
         return self._genai.generate(prompt, max_new_tokens, min_new_tokens, eos, on_token)
 
@@ -440,6 +472,7 @@ class PagedSequence(Runner):
         self.runner = runner
         self.blocks: List[int] = []
         self.tokens: List[int] = []  # the token at each position written (past ``length``: rolled back)
+        self.stepped_from = float("inf")  # the first position a split step wrote (module docstring)
         self._length = 0
         self.closed = False
         for name in ("device", "vocab_size", "weight_bytes", "num_layers", "head_tokens", "block_size"):
@@ -500,7 +533,7 @@ class PagedSequence(Runner):
         """Publish the full blocks this sequence holds whose tokens begin ``accepted`` (a request's context: its
         prompt and accepted output), so that later sequences reuse them; drafts past them stay private."""
         n = 0
-        for written, want in zip(self.tokens[:self._length], accepted):
+        for written, want in zip(self.tokens[:min(self._length, self.stepped_from)], accepted):
             if written != want:
                 break
             n += 1
@@ -514,15 +547,21 @@ class PagedSequence(Runner):
         self.blocks = [b for b in self.blocks if b not in keep]
         self.runner._give_back(blocks)
 
+    def forward_steps(self, tokens: Sequence[int]) -> torch.Tensor:
+        if not self.traits.split_steps:
+            return self.forward(tokens)
+        return self.runner._infer([(self, tokens)], len(tokens), step=len(tokens) == 1, split=True)
+
     def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         keep = min(logits_to_keep or len(tokens), len(tokens))
-        step = self.traits.single_step_width if exact else 1  # the width of the runner's 1-token steps
+        step = self.runner.prompt_width if exact else 1  # the width of the runner's 1-token passes
         padding = max(0, step - len(tokens))
         if padding:  # a 1-token pass that would compute differently from wider ones (module docstring)
-            rows = self.runner._infer([(self, list(tokens) + [tokens[-1]] * padding)], keep + padding, step=True)
+            rows = self.runner._infer([(self, list(tokens) + [tokens[-1]] * padding)], keep + padding,
+                                      step=not self.traits.split_steps)
             self._length -= padding
             return rows[:keep]
-        return self.runner._infer([(self, tokens)], keep, step=len(tokens) == step)
+        return self.runner._infer([(self, tokens)], keep, step=len(tokens) == self.traits.single_step_width)
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._length:
@@ -532,7 +571,7 @@ class PagedSequence(Runner):
     def reset(self) -> None:
         """Empty the sequence and give its blocks back (it takes them again as it grows)."""
         self.runner._give_back(self.blocks)
-        self.blocks, self.tokens, self._length = [], [], 0
+        self.blocks, self.tokens, self._length, self.stepped_from = [], [], 0, float("inf")
 
     def close(self) -> None:
         """Give the sequence's blocks back to the pool (it cannot run again)."""

@@ -6,7 +6,8 @@ on by default with AVX512-VNNI or AMX) the whole model's paged attention gives e
 the pass width, while the stateful model's SDPA rounds differently by query width, and dynamic quantization turns
 those last-bit differences into logit differences up to about 0.5. Stages on the stateful model then answered
 otherwise than the whole model (issue 42); stages on paged attention, with the whole model's compile properties and
-its 2-wide 1-token passes, answer alike (``benchmarks/results/stage-numerics.md``).
+its way of stepping (split steps, else 2-wide 1-token passes: :mod:`.paged`), answer alike
+(``benchmarks/results/stage-numerics.md``).
 
 Each stage is cut from the stateful IR (:func:`.graph.split_stages`), then given OpenVINO's paged-attention
 transformation, and compiled on its own device with its own KV-cache tensors (``key_cache.*``/``value_cache.*``
@@ -29,7 +30,7 @@ from xpuspec.runner import Runner, RunnerTraits, on_whole_vocabulary
 
 from . import numerics
 from .graph import HIDDEN_IN, LOGITS_TO_KEEP, constant_bytes, keep_head_rows, num_layers, split_stages
-from .paged import INITIAL_CAPACITY, paged_model
+from .paged import INITIAL_CAPACITY, SPLIT_MAX_THREADS, paged_model
 from .runner import Stage, balanced_stages
 from .ir import read_ir
 
@@ -117,24 +118,34 @@ class PagedStagesRunner(Runner):
         self._blocks = 0
         self._length = 0
         self._grow(-(-capacity // self.block_size))
-        self.single_step_width = self._probe_single_step(core, devices, is_cpu or [False] * len(devices))
+        #: the fewest subsequences of a split pass: the most threads of a stage (:mod:`.paged`)
+        self.split_width = max(max(1, int(s.request.get_compiled_model().get_property("INFERENCE_NUM_THREADS")) or 1)
+                               for s in self.stages)
+        self.prompt_width = self.single_step_width = 1  # until probed: the probe's own passes are not padded
+        found = self._probe_numerics(core, devices, is_cpu or [False] * len(devices))
+        self.prompt_width = found.single_step_width
+        self.split_steps = found.split_exact and self.split_width <= SPLIT_MAX_THREADS
+        self.single_step_width = 1 if self.split_steps else found.single_step_width
 
-    def _probe_single_step(self, core: ov.Core, devices: Sequence[str], is_cpu: Sequence[bool]) -> int:
-        """The width a 1-token pass runs at: 2 where it computes otherwise than wider passes (:mod:`.numerics`),
+    def _probe_numerics(self, core: ov.Core, devices: Sequence[str], is_cpu: Sequence[bool]):
+        """How 1-token passes compute against wider ones, and whether split steps match (:mod:`.numerics`),
         measured through every stage and cached per IR, devices, compile properties and split."""
         def measure():
             return numerics.probe(lambda tokens: self.forward(tokens, exact=False), self.rollback, self.reset,
-                                  numerics.probe_tokens(self.folder, self.vocab_size))
+                                  numerics.probe_tokens(self.folder, self.vocab_size),
+                                  lambda tokens: self._pass(tokens, len(tokens), split=True))
 
         identity = {"stages": [numerics.device_identity(core, d.upper(), c) for d, c in zip(devices, is_cpu)]}
         key = {"attention": "PA", "configs": self.configs, "split": self.split,
                "head_tokens": None if self.head_tokens is None else len(self.head_tokens)}
-        return numerics.cached_probe(self.folder, identity, key, measure).single_step_width
+        return numerics.cached_probe(self.folder, identity, key, measure)
 
     @property
     def traits(self) -> RunnerTraits:
-        """1-token passes run :attr:`single_step_width` wide; verify passes keep one width (rollback is free)."""
-        return RunnerTraits(single_step_width=self.single_step_width, fixed_verify_width=True)
+        """Split steps where the probe found them exact, else 1-token passes :attr:`single_step_width` wide;
+        verify passes keep one width (rollback is free)."""
+        return RunnerTraits(single_step_width=self.single_step_width, fixed_verify_width=True,
+                            split_steps=self.split_steps)
 
     @property
     def length(self) -> int:
@@ -160,28 +171,36 @@ class PagedStagesRunner(Runner):
 
     def forward(self, tokens: Sequence[int], logits_to_keep: Optional[int] = None, exact: bool = True) -> torch.Tensor:
         keep = min(logits_to_keep or len(tokens), len(tokens))
-        padding = max(0, self.single_step_width - len(tokens)) if exact else 0
+        padding = max(0, self.prompt_width - len(tokens)) if exact else 0
         if padding:  # a 1-token pass that would compute differently from wider ones (module docstring)
             rows = self._pass(list(tokens) + [tokens[-1]] * padding, keep + padding)
             self._length -= padding
             return rows[:keep]
         return self._pass(tokens, keep)
 
-    def _pass(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
-        """One inference over ``tokens`` through every stage, appended to the cache; the last ``keep`` rows."""
-        past, end = self._length, self._length + len(tokens)
+    def forward_steps(self, tokens: Sequence[int]) -> torch.Tensor:
+        if not self.split_steps:
+            return self.forward(tokens)
+        return self._pass(tokens, len(tokens), split=True)
+
+    def _pass(self, tokens: Sequence[int], keep: int, split: bool = False) -> torch.Tensor:
+        """One inference over ``tokens`` through every stage, appended to the cache; the last ``keep`` rows.
+        ``split``: each token a 1-token subsequence, the pass padded to :attr:`split_width` (:mod:`.paged`)."""
+        pad = max(0, self.split_width - len(tokens)) if split else 0
+        fed = list(tokens) + [tokens[-1]] * pad
+        past, end = self._length, self._length + len(fed)
         if -(-end // self.block_size) > self._blocks:
             self._grow(-(-end // self.block_size))
-        used = -(-end // self.block_size)
+        ends = list(range(past + 1, end + 1)) if split else [end]
         feed = {
-            "input_ids": np.asarray(tokens, dtype=np.int64),
+            "input_ids": np.asarray(fed, dtype=np.int64),
             "position_ids": np.arange(past, end, dtype=np.int64),
-            "past_lens": np.array([past], dtype=np.int32),
-            "subsequence_begins": np.array([0, len(tokens)], dtype=np.int32),
-            "block_indices": np.arange(used, dtype=np.int32),
-            "block_indices_begins": np.array([0, used], dtype=np.int32),
+            "past_lens": np.asarray([e - 1 for e in ends] if split else [past], dtype=np.int32),
+            "subsequence_begins": np.asarray([0] + [e - past for e in ends], dtype=np.int32),
+            "block_indices": np.concatenate([np.arange(-(-e // self.block_size), dtype=np.int32) for e in ends]),
+            "block_indices_begins": np.cumsum([0] + [-(-e // self.block_size) for e in ends], dtype=np.int32),
             "max_context_len": np.array(end, dtype=np.int32),
-            LOGITS_TO_KEEP: np.array([keep], dtype=np.int64),
+            LOGITS_TO_KEEP: np.array([keep + pad], dtype=np.int64),
         }
         hidden = None
         for stage, hidden_name in zip(self.stages, self._hidden_inputs):
@@ -190,8 +209,8 @@ class PagedStagesRunner(Runner):
                 inputs[hidden_name] = hidden
             stage.request.infer(inputs, share_inputs=True)
             hidden = stage.request.get_output_tensor(0)
-        self._length = end
-        rows = torch.from_numpy(np.array(hidden.data, dtype=np.float32).reshape(keep, -1))
+        self._length = end - pad
+        rows = torch.from_numpy(np.array(hidden.data, dtype=np.float32).reshape(keep + pad, -1))[:keep]
         return on_whole_vocabulary(rows, self.head_tokens, self.vocab_size)
 
     def rollback(self, n: int) -> None:

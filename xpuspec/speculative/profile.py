@@ -87,7 +87,7 @@ def measure_profile(target, token: int, widest: int = SWEEP_WIDTHS[-1], widths: 
 
     def timed(w: int) -> float:
         t0 = clock()
-        target.forward([token] * w)
+        target.forward_steps([token] * w)
         elapsed = clock() - t0
         target.rollback(w)
         return elapsed
