@@ -1,4 +1,8 @@
-"""Why the engine's batched plain steps carry 2 tokens per row, and what that costs.
+"""Why the engine's batched plain steps carried 2 tokens per row, and what that costs.
+
+Since split steps (``runner.traits.split_steps``, ``benchmarks/results/engine.md``) ``forward_batch`` feeds every token
+as a 1-token subsequence, so on such a runner the rows below compute alike at every width; the figures of the
+section before split steps came from the code of that time.
 
     PYTHONPATH=.:plugins python benchmarks/batch_step_width.py
 

@@ -17,7 +17,9 @@ One :meth:`Engine.step` runs these phases in order:
    to any job that arrives;
 2. **propose**: free drafts first (prompt lookup, suffix: looked up for every row), then the draft lengths of the
    whole batch by goodput (:mod:`xpuspec.speculative.batch`), then the draft model's drafts, row by row; a row
-   without drafts on a target whose 1-token passes run 2 wide carries a free guess;
+   without drafts on a target whose 1-token passes run 2 wide carries a free guess, and on a target with split
+   steps (``traits.split_steps``) the rows without drafts carry their guesses where the engine's timed passes say
+   it pays (:meth:`Engine._guesses_pay`);
 3. **verify**: ONE ``forward_batch`` over every row's ``[last token] + drafts`` (a row shorter than the target's
    1-token width is padded, as a request alone pads it, so each row computes as it would alone);
 4. **accept** and roll back, per row: greedy acceptance or rejection sampling, rollback of its own rejected drafts
@@ -406,7 +408,6 @@ class Engine:
                                                 self.batched)
             policy.profile = self.costs.profile
 
-
     # -- one step -----------------------------------------------------------------------------------------------
     def step(self) -> None:
         """Run every phase once (see the module docstring)."""
@@ -463,7 +464,8 @@ class Engine:
             guess = not draft.tokens and req.guesser is not None and room > 0
             if guess:
                 draft = cut_draft(req, req.guesser.propose(Widths(0, width - 1)))
-                looked_up.append(i) if draft.tokens else None
+                if draft.tokens:
+                    looked_up.append(i)
             if not draft.tokens and room > 0:
                 draft, guess = forced_draft(req, Widths(k, 0) if k else uppers[i], self.target.traits, room, draft,
                                             guess)

@@ -557,11 +557,10 @@ class PagedSequence(Runner):
         step = self.runner.prompt_width if exact else 1  # the width of the runner's 1-token passes
         padding = max(0, step - len(tokens))
         if padding:  # a 1-token pass that would compute differently from wider ones (module docstring)
-            rows = self.runner._infer([(self, list(tokens) + [tokens[-1]] * padding)], keep + padding,
-                                      step=not self.traits.split_steps)
+            rows = self.runner._infer([(self, list(tokens) + [tokens[-1]] * padding)], keep + padding, step=True)
             self._length -= padding
             return rows[:keep]
-        return self.runner._infer([(self, tokens)], keep, step=len(tokens) == self.traits.single_step_width)
+        return self.runner._infer([(self, tokens)], keep, step=len(tokens) == step)
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._length:
