@@ -491,10 +491,10 @@ class Engine:
         expected tokens per second with the plain pass's, by this engine's own passes of each width (timed when
         the width before was the same; a width not timed yet is tried for :data:`GUESS_TRIAL_STEPS` steps) and
         the tokens the guesses added per guessing row so far (:data:`GUESS_PRIOR` before). Yes where the pass is
-        padded to the runner's ``split_width`` anyway."""
+        padded to the runner's ``traits.split_width`` anyway."""
         plain = sum(1 + len(d.tokens) for i, d in enumerate(drafts) if i not in looked_up) + len(looked_up)
         rows = sum(1 for i, d in enumerate(drafts) if i in looked_up or not d.tokens)
-        if plain < getattr(self.rows, "split_width", 1):
+        if plain < self.target.traits.split_width:
             return True
         key = (plain, rows)
         known = self._guess_decisions.get(key)

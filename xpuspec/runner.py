@@ -30,6 +30,8 @@ class RunnerTraits:
             whatever the pass's width, where a 1-token pass computes otherwise than wider ones (the OpenVINO paged
             runner feeds each token as a subsequence of its own): plain steps need no padding
             (``single_step_width`` is 1), and a free guess beside a plain step costs what one more token costs.
+        split_width: with :attr:`split_steps`, the fewest tokens a split pass feeds (a shorter one is padded to it,
+            so tokens up to it cost nothing more); 1 otherwise.
     """
 
     single_step_width: int = 1
@@ -38,6 +40,7 @@ class RunnerTraits:
     uses_torch_threads: bool = False
     batches: bool = False
     split_steps: bool = False
+    split_width: int = 1
 
     @property
     def guess_width(self) -> int:

@@ -37,6 +37,7 @@ openvino_genai's engine steps one token at a time from a prefill whose steps the
 does not decode for such a runner.
 """
 
+import dataclasses
 import logging
 import threading
 import time
@@ -66,6 +67,28 @@ WARM_UP_PASSES = 4
 #: Split steps only where the plugin runs this many threads or fewer: a split pass is padded to as many
 #: subsequences as threads (module docstring), which a request alone pays for in every step.
 SPLIT_MAX_THREADS = 2
+def plugin_threads(compiled: ov.CompiledModel) -> int:
+    """The threads the plugin runs ``compiled`` on (``INFERENCE_NUM_THREADS``, at least 1): the fewest subsequences
+    of a split pass (module docstring)."""
+    return max(1, int(compiled.get_property("INFERENCE_NUM_THREADS")))
+
+
+def stepping(found: numerics.StepNumerics, split_width: int) -> RunnerTraits:
+    """How a paged runner with the probe's findings ``found`` and :func:`plugin_threads` ``split_width`` steps (module
+    docstring): split steps where the probe found them exact and the threads are at most
+    :data:`SPLIT_MAX_THREADS`, else 1-token passes ``found.single_step_width`` wide; verify passes keep one width
+    (rollback of the padding is free)."""
+    split = found.split_exact and split_width <= SPLIT_MAX_THREADS
+    return RunnerTraits(single_step_width=1 if split else found.single_step_width, fixed_verify_width=True,
+                        split_steps=split, split_width=split_width if split else 1)
+
+
+def subsequences(past: int, end: int, split: bool) -> List[Tuple[int, int]]:
+    """The ``(first, end)`` positions of the subsequences that feed positions ``past`` to ``end - 1`` of one
+    sequence: one per token where ``split`` (module docstring), else one."""
+    return [(p, p + 1) for p in range(past, end)] if split else [(past, end)]
+
+
 _DESCRIPTORS = ("input_ids", "position_ids", "past_lens", "subsequence_begins", "block_indices",
                 "block_indices_begins", "max_context_len", LOGITS_TO_KEEP)
 
@@ -176,14 +199,11 @@ class PagedRunner(Runner):
         self._genai = GenAIGreedy(self.folder, device.upper(), config, attention_backend="PA")
         self._taps: List[str] = []  # outputs of the tapped layers' hidden states (set_taps)
         #: the fewest subsequences of a split pass: the plugin's threads (module docstring)
-        self.split_width = max(1, int(compiled.get_property("INFERENCE_NUM_THREADS")) or 1)
+        self.split_width = plugin_threads(compiled)
         found = self._probe_numerics(is_cpu)
         #: the width of a 1-token prompt pass (2 where a 1-token pass computes otherwise than wider ones)
         self.prompt_width = found.single_step_width
-        split = found.split_exact and self.split_width <= SPLIT_MAX_THREADS
-        # rollback of the padding is free, and the wide copy keeps one width
-        self.traits = RunnerTraits(single_step_width=1 if split else found.single_step_width,
-                                   fixed_verify_width=True, batches=True, split_steps=split)
+        self.traits = dataclasses.replace(stepping(found, self.split_width), batches=True)
 
     def _probe_numerics(self, is_cpu: bool) -> numerics.StepNumerics:
         """How 1-token passes compute against wider ones, and whether split steps match them (:mod:`.numerics`)."""
@@ -399,7 +419,7 @@ class PagedRunner(Runner):
             past, end = seq.length, seq.length + len(tokens)
             ids.extend(tokens)
             positions.extend(range(past, end))
-            for first, last in ([(p, p + 1) for p in range(past, end)] if split else [(past, end)]):
+            for first, last in subsequences(past, end, split):
                 past_lens.append(first)
                 begins.append(begins[-1] + last - first)
                 table.extend(seq.blocks[:self.blocks_for(last)])

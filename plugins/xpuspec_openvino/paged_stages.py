@@ -26,11 +26,11 @@ import torch
 from openvino._offline_transformations import paged_attention_transformation
 
 from xpuspec.errors import ModelSourceError
-from xpuspec.runner import Runner, RunnerTraits, on_whole_vocabulary
+from xpuspec.runner import Runner, on_whole_vocabulary
 
 from . import numerics
 from .graph import HIDDEN_IN, LOGITS_TO_KEEP, constant_bytes, keep_head_rows, num_layers, split_stages
-from .paged import INITIAL_CAPACITY, SPLIT_MAX_THREADS, paged_model
+from .paged import INITIAL_CAPACITY, paged_model, plugin_threads, stepping, subsequences
 from .runner import Stage, balanced_stages
 from .ir import read_ir
 
@@ -119,13 +119,11 @@ class PagedStagesRunner(Runner):
         self._length = 0
         self._grow(-(-capacity // self.block_size))
         #: the fewest subsequences of a split pass: the most threads of a stage (:mod:`.paged`)
-        self.split_width = max(max(1, int(s.request.get_compiled_model().get_property("INFERENCE_NUM_THREADS")) or 1)
-                               for s in self.stages)
-        self.prompt_width = self.single_step_width = 1  # until probed: the probe's own passes are not padded
+        self.split_width = max(plugin_threads(s.request.get_compiled_model()) for s in self.stages)
         found = self._probe_numerics(core, devices, is_cpu or [False] * len(devices))
+        #: the width of a 1-token prompt pass (2 where a 1-token pass computes otherwise than wider ones)
         self.prompt_width = found.single_step_width
-        self.split_steps = found.split_exact and self.split_width <= SPLIT_MAX_THREADS
-        self.single_step_width = 1 if self.split_steps else found.single_step_width
+        self.traits = stepping(found, self.split_width)
 
     def _probe_numerics(self, core: ov.Core, devices: Sequence[str], is_cpu: Sequence[bool]):
         """How 1-token passes compute against wider ones, and whether split steps match (:mod:`.numerics`),
@@ -139,13 +137,6 @@ class PagedStagesRunner(Runner):
         key = {"attention": "PA", "configs": self.configs, "split": self.split,
                "head_tokens": None if self.head_tokens is None else len(self.head_tokens)}
         return numerics.cached_probe(self.folder, identity, key, measure)
-
-    @property
-    def traits(self) -> RunnerTraits:
-        """Split steps where the probe found them exact, else 1-token passes :attr:`single_step_width` wide;
-        verify passes keep one width (rollback is free)."""
-        return RunnerTraits(single_step_width=self.single_step_width, fixed_verify_width=True,
-                            split_steps=self.split_steps)
 
     @property
     def length(self) -> int:
@@ -179,7 +170,7 @@ class PagedStagesRunner(Runner):
         return self._pass(tokens, keep)
 
     def forward_steps(self, tokens: Sequence[int]) -> torch.Tensor:
-        if not self.split_steps:
+        if not self.traits.split_steps:
             return self.forward(tokens)
         return self._pass(tokens, len(tokens), split=True)
 
@@ -191,14 +182,16 @@ class PagedStagesRunner(Runner):
         past, end = self._length, self._length + len(fed)
         if -(-end // self.block_size) > self._blocks:
             self._grow(-(-end // self.block_size))
-        ends = list(range(past + 1, end + 1)) if split else [end]
+        parts = subsequences(past, end, split)
         feed = {
             "input_ids": np.asarray(fed, dtype=np.int64),
             "position_ids": np.arange(past, end, dtype=np.int64),
-            "past_lens": np.asarray([e - 1 for e in ends] if split else [past], dtype=np.int32),
-            "subsequence_begins": np.asarray([0] + [e - past for e in ends], dtype=np.int32),
-            "block_indices": np.concatenate([np.arange(-(-e // self.block_size), dtype=np.int32) for e in ends]),
-            "block_indices_begins": np.cumsum([0] + [-(-e // self.block_size) for e in ends], dtype=np.int32),
+            "past_lens": np.asarray([first for first, _ in parts], dtype=np.int32),
+            "subsequence_begins": np.asarray([0] + [last - past for _, last in parts], dtype=np.int32),
+            "block_indices": np.concatenate([np.arange(-(-last // self.block_size), dtype=np.int32)
+                                             for _, last in parts]),
+            "block_indices_begins": np.cumsum([0] + [-(-last // self.block_size) for _, last in parts],
+                                              dtype=np.int32),
             "max_context_len": np.array(end, dtype=np.int32),
             LOGITS_TO_KEEP: np.array([keep + pad], dtype=np.int64),
         }
